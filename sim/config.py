@@ -146,7 +146,8 @@ class EnvConfig:
       require_all_options: `buy now` is refused until every option axis is chosen.
       enforce_confirmation: in multi-turn mode, `buy now` is refused while the shopper has not
         yet revealed every requirement (the shopper always *says* no; this makes it binding).
-      show_detail_pages: expose Description/Features pages (empty in the released data).
+      show_detail_pages: expose Description/Features/Reviews pages.
+      reward: the episode reward returned by the env: 'strict' (the study's) or 'loose' (upstream).
     """
 
     mode: Mode = "single"
@@ -157,8 +158,10 @@ class EnvConfig:
     require_all_options: bool = True
     enforce_confirmation: bool = False
     show_detail_pages: bool = True
+    reward: Literal["strict", "loose"] = "strict"
 
     def __post_init__(self) -> None:
+        _check(self.reward in ("strict", "loose"), f"env.reward must be 'strict' or 'loose', got {self.reward!r}")
         _check(self.mode in ("single", "multi"), f"env.mode must be 'single' or 'multi', got {self.mode!r}")
         _check(self.results_top_n >= 1, f"env.results_top_n must be >= 1, got {self.results_top_n}")
         _check(self.page_size >= 1, f"env.page_size must be >= 1, got {self.page_size}")
