@@ -27,6 +27,7 @@ LogicalRules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 DEFAULT_RULES: LogicalRules = (
     ("batch", ("data", "fsdp")),
     ("length", None),
+    ("seq", None),
     ("vocab", "tensor"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
