@@ -257,7 +257,7 @@ def load_state(
     hf_config = read_hf_config(directory)
     records = read_checkpoint(directory)
     graphdef, abstract = sharding_lib.abstract_model(factory, mesh, rules)
-    params, _ = abstract.split(nnx.Param, ...)
+    params, _ = nnx.split_state(abstract, nnx.Param, ...)
     flat = {_path_key(path): var for path, var in nnx.to_flat_state(params)}
     mapped = _map_records(records, {k: v.get_value() for k, v in flat.items()}, _tied(hf_config), directory)
     default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
