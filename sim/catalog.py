@@ -144,11 +144,16 @@ class SyntheticCatalog:
         rng = np.random.default_rng([self.config.seed, 1, s])
         lo, hi = dom.price_range
         sub_base = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+        # Each sub-category draws from a narrow slice of its domain's vocabulary, so siblings share
+        # most words and a request matches many of them: telling them apart takes evidence.
+        materials = rng.choice(len(dom.materials), 2, replace=False)
+        styles = rng.choice(len(STYLES), 3, replace=False)
+        features = rng.choice(len(dom.features), 5, replace=False)
         brand_i = rng.integers(_NUM_BRANDS, size=n)
         shop_i = rng.integers(len(_SHOP_SUFFIXES), size=n)
-        material_i = rng.integers(len(dom.materials), size=n)
-        style_i = rng.integers(len(STYLES), size=n)
-        feature_i = np.argsort(rng.random((n, len(dom.features))), axis=1)[:, :3]
+        material_i = materials[rng.integers(len(materials), size=n)]
+        style_i = styles[rng.integers(len(styles), size=n)]
+        feature_i = features[np.argsort(rng.random((n, len(features))), axis=1)[:, :3]]
         look_perm = np.argsort(rng.random((n, len(dom.looks))), axis=1)
         n_looks = rng.choice([0, 2, 3, 4, 5], size=n, p=[0.12, 0.3, 0.28, 0.18, 0.12])
         n_sizes = rng.choice([0, 2, 3, 4], size=n, p=[0.15, 0.3, 0.35, 0.2])
@@ -211,13 +216,13 @@ class SyntheticCatalog:
         lang, dom = self.lang, sub.domain
         rng = np.random.default_rng([self.config.seed, 2, index])
         material, style, *feats = product.attributes
-        n_att = int(rng.integers(2, 4))
+        n_att = int(rng.integers(2, 5))
         chosen = sorted(rng.choice(len(product.attributes), n_att, replace=False))
         attributes = tuple(product.attributes[k] for k in chosen)
         goal_options = {axis: values[int(rng.integers(len(values)))].value for axis, values in product.options.items()}
         price = product.sku_price(goal_options)
         assert price is not None
-        price_upper = _nice_ceil(price * rng.uniform(1.05, 1.5))
+        price_upper = _nice_ceil(price * rng.uniform(1.0, 1.2))
         kind = sub.name(lang)
 
         hidden_aspect = None

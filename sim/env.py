@@ -130,7 +130,7 @@ class ShopEnv:
                 out.append("< prev")
             if page.page * self.config.page_size < len(page.results):
                 out.append("next >")
-            out.extend(catalog[i].asin for i in self._page_slice())
+            out.extend(catalog[page.results[i]].asin for i in self._page_slice())
             return out
         if page.kind == "item":
             out = ["back to search", "< prev"]

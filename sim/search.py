@@ -12,10 +12,10 @@ query-time work. The index is immutable after `build` and shared read-only by ev
 from __future__ import annotations
 
 import logging
+import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-import bm25s
 import numpy as np
 import scipy.sparse as sp
 from tqdm.auto import tqdm
@@ -25,6 +25,33 @@ from sim.records import Product
 from sim.text import tokenize
 
 log = logging.getLogger(__name__)
+
+
+def _import_bm25s():
+    """Imports bm25s with JAX hidden from it.
+
+    When JAX is importable, bm25s runs a JAX computation at import time (a top-k probe), which
+    initialises XLA's backends: that costs seconds, makes the simulator depend on JAX, and in the
+    trainer would happen before `jax.distributed.initialize()`, which must come first. Our top-k
+    is NumPy, so bm25s never needs JAX.
+    """
+    if "bm25s" in sys.modules:
+        return sys.modules["bm25s"]
+    saved = {name: sys.modules.get(name) for name in ("jax", "jax.lax")}
+    try:
+        for name in saved:
+            sys.modules[name] = None  # type: ignore[assignment]  # makes `import jax` raise ImportError
+        import bm25s
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                del sys.modules[name]
+            else:
+                sys.modules[name] = module
+    return bm25s
+
+
+bm25s = _import_bm25s()
 
 
 def product_fields(p: Product) -> dict[str, str]:

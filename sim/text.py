@@ -11,7 +11,7 @@ import re
 import unicodedata
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_TOKEN_RE = re.compile(rf"[{_CJK}]+|[a-z0-9]+(?:\.[0-9]+)?")
+_TOKEN_RE = re.compile(rf"[{_CJK}]+|[a-z0-9]+(?:\.[0-9]+[a-z0-9]*)?")
 _CJK_RE = re.compile(rf"[{_CJK}]")
 
 # Words that carry no product information in shopping requests; removed from queries and
