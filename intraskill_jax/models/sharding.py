@@ -99,7 +99,8 @@ def logical_to_spec(
     """Resolve logical axis names to a PartitionSpec that fits `shape` on `mesh`.
 
     A mesh axis is used at most once per array (the first dimension asking for it wins), and
-    only when the product of the mesh axes kept for a dimension divides it.
+    only when the product of the mesh axes kept for a dimension divides it; size-1 axes are
+    left out so specs read as what is really split.
     """
     if axes is None:
         return PartitionSpec()
@@ -115,7 +116,7 @@ def logical_to_spec(
         targets = (target,) if isinstance(target, str) else tuple(target or ())
         kept: list[str] = []
         for axis in targets:
-            if axis in used or axis not in mesh.shape:
+            if axis in used or mesh.shape.get(axis, 1) == 1:
                 continue
             if dim % (math.prod(mesh.shape[a] for a in kept) * mesh.shape[axis]) == 0:
                 kept.append(axis)
