@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -94,14 +93,23 @@ class SearchIndex:
         buf_t: list[int] = []
         buf_f: list[float] = []
         n = 0
+        # Category, shop and option texts repeat across a sub-category: tokenise each distinct
+        # text once. Ids are still assigned in first-seen order, so the index is unchanged.
+        token_ids: dict[str, list[int]] = {}
         for p in tqdm(products, total=num_docs, desc="indexing products", unit="doc", disable=not progress):
-            tf: Counter[int] = Counter()
+            tf: dict[int, float] = {}
             for field, text in product_fields(p).items():
                 w = weights[field]
                 if w == 0:
                     continue
-                for tok in tokenize(text):
-                    tf[vocab.setdefault(tok, len(vocab))] += w
+                ids = token_ids.get(text)
+                if ids is None:
+                    ids = [vocab.setdefault(tok, len(vocab)) for tok in tokenize(text)]
+                    if len(token_ids) >= 1 << 18:
+                        token_ids.clear()
+                    token_ids[text] = ids
+                for i in ids:
+                    tf[i] = tf.get(i, 0) + w
             buf_d.extend([n] * len(tf))
             buf_t.extend(tf.keys())
             buf_f.extend(tf.values())
