@@ -27,6 +27,9 @@ _QUESTIONS = {
 }
 
 
+_BUDGET = re.compile(r"price lower than|budget|dollars|价格在|预算|元以内", re.IGNORECASE)
+
+
 class Policy(Protocol):
     def reset(self, env: ShopEnv, observation: str) -> None: ...
 
@@ -121,8 +124,10 @@ class HeuristicPolicy:
         if env.shopper is not None and observation.startswith("Shopper:") and page.kind == "start":
             self.request += " " + observation.split("\n", 1)[0].removeprefix("Shopper:")
         if page.kind == "start":
-            query = re.split(r"price lower than|价格在|预算|budget", self.request, flags=re.IGNORECASE)[0]
-            return f"search[{query.strip() or 'product'}]"
+            # Everything the shopper said except the budget, which is not a search term.
+            kept = [c for c in re.split(r"[.,。，]", self.request) if not _BUDGET.search(c)]
+            query = " ".join(c.strip() for c in kept if c.strip())
+            return f"search[{query or 'product'}]"
         if page.kind == "results":
             if not page.results:
                 return "click[back to search]"
