@@ -130,7 +130,9 @@ class ShopEnv:
                 out.append("< prev")
             if page.page * self.config.page_size < len(page.results):
                 out.append("next >")
-            out.extend(catalog[page.results[i]].asin for i in self._page_slice())
+            # Clicks are compared lower-cased, so asins are listed lower-cased too (WebShop's are
+            # upper-case: B07...; the page still shows them as they are, as WebShop does).
+            out.extend(catalog[page.results[i]].asin.lower() for i in self._page_slice())
             return out
         if page.kind == "item":
             out = ["back to search", "< prev"]
