@@ -1,0 +1,272 @@
+"""Chat rendering and tool calls for Qwen3.5 (XML-style calls) and Qwen3 (JSON calls).
+
+Episodes are token-in-token-out: the prompt is rendered once by the tokenizer's own chat template
+(`apply_chat_template`), sampled ids are kept verbatim, and each later turn *appends* the ids of
+`continuation_text` (tool responses or a user message, then the next generation prompt). History is
+never re-templated, so what the trainer scores is exactly what the sampler saw. The appended text
+is the ChatML the template itself would emit at that point; `tests/test_tokenization.py` checks
+the two agree token for token.
+
+`CHAT_TEMPLATES` holds templates written for this project in the documented format of each family
+(shared/reference/qwen3_5.md, section 9) for tokenizers built here; a real checkpoint's tokenizer
+brings its own template and the same renderer works on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+Family = Literal["qwen3_5", "qwen3"]
+
+IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+THINK, THINK_END = "<think>", "</think>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, TOOL_CALL, TOOL_CALL_END, THINK, THINK_END,
+                  "<tool_response>", "</tool_response>")
+# Markup a policy must never receive from outside (skill text, observations): it would forge turns.
+CONTROL_MARKUP = re.compile(r"<\|[a-z_]+\|>|</?tool_call>|</?tool_response>|</?think>|<function=|</function>|<parameter=|</parameter>")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedReply:
+    """A sampled assistant turn, parsed. `error` is set (and `calls` empty) when malformed."""
+
+    content: str
+    calls: tuple[ToolCall, ...]
+    error: str | None = None
+
+
+SHOPPING_TOOLS: tuple[dict[str, Any], ...] = (
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the shop for products. Only available on the search page.",
+        "parameters": {"type": "object", "properties": {"keywords": {"type": "string", "description": "search keywords"}},
+                       "required": ["keywords"]}}},
+    {"type": "function", "function": {
+        "name": "click", "description": "Click a button shown on the page: a product id, an option value, "
+                                        "'buy now', 'next >', '< prev', 'back to search', 'description', 'features'.",
+        "parameters": {"type": "object", "properties": {"value": {"type": "string", "description": "the button text"}},
+                       "required": ["value"]}}},
+    {"type": "function", "function": {
+        "name": "ask_shopper", "description": "Ask the shopper a question about what they want.",
+        "parameters": {"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]}}},
+)
+
+
+def tools_for(mode: str) -> list[dict[str, Any]]:
+    """The tools of a simulator mode: `ask_shopper` exists only in multi-turn mode."""
+    return [t for t in SHOPPING_TOOLS if mode == "multi" or t["function"]["name"] != "ask_shopper"]
+
+
+def to_env_action(call: ToolCall) -> str:
+    """Maps a tool call to the simulator's action grammar; raises ValueError if it cannot."""
+    key = {"search": "keywords", "click": "value", "ask_shopper": "question"}.get(call.name)
+    if key is None:
+        raise ValueError(f"unknown tool {call.name!r}; use search, click or ask_shopper")
+    value = call.arguments.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"tool {call.name} needs a non-empty string argument {key!r}")
+    verb = "ask" if call.name == "ask_shopper" else call.name
+    return f"{verb}[{value.strip()}]"
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+
+def format_tool_calls(calls: Sequence[ToolCall], family: Family) -> str:
+    """The text an assistant turn uses for its calls (what the template renders after content)."""
+    blocks = []
+    for call in calls:
+        if family == "qwen3_5":
+            params = "".join(
+                f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
+                for k, v in call.arguments.items()
+            )
+            blocks.append(f"{TOOL_CALL}\n<function={call.name}>\n{params}</function>\n{TOOL_CALL_END}")
+        else:
+            body = json.dumps({"name": call.name, "arguments": dict(call.arguments)}, ensure_ascii=False)
+            blocks.append(f"{TOOL_CALL}\n{body}\n{TOOL_CALL_END}")
+    return "\n".join(blocks)
+
+
+def generation_prompt(enable_thinking: bool) -> str:
+    return f"{IM_START}assistant\n" + (f"{THINK}\n" if enable_thinking else f"{THINK}\n\n{THINK_END}\n\n")
+
+
+def continuation_text(*, tool_responses: Sequence[str] = (), user: str | None = None, enable_thinking: bool = False) -> str:
+    """Text appended after a sampled turn (which ended with <|im_end|>) to open the next one."""
+    if bool(tool_responses) == (user is not None):
+        raise ValueError("pass either tool_responses or a user message")
+    if user is not None:
+        body = user.strip()
+    else:
+        body = "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in tool_responses)
+    return f"\n{IM_START}user\n{body}{IM_END}\n" + generation_prompt(enable_thinking)
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+_CALL_BLOCK = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(TOOL_CALL_END), re.DOTALL)
+_XML_FUNCTION = re.compile(r"^\s*<function=([^>\n]+)>\s*(.*?)\s*</function>\s*$", re.DOTALL)
+_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def parse_reply(text: str, family: Family) -> ParsedReply:
+    """Parses one assistant turn (special tokens decoded, think block and <|im_end|> allowed).
+
+    Never raises: malformed markup becomes `error`, which the agent loop turns into an error
+    observation and counts as a repair.
+    """
+    text = text.replace(IM_END, "").replace(ENDOFTEXT, "")
+    if THINK_END in text:
+        text = text.split(THINK_END, 1)[1]
+    text = text.replace(THINK, "")
+    blocks = _CALL_BLOCK.findall(text)
+    first = text.find(TOOL_CALL)
+    content = (text if first < 0 else text[:first]).strip()
+    if not blocks:
+        if TOOL_CALL in text or TOOL_CALL_END in text:
+            return ParsedReply(content, (), "unterminated <tool_call> block")
+        return ParsedReply(content, (), "no tool call: reply with exactly one tool call")
+    calls = []
+    for block in blocks:
+        try:
+            calls.append(_parse_xml(block) if family == "qwen3_5" else _parse_json(block))
+        except ValueError as e:
+            return ParsedReply(content, (), str(e))
+    return ParsedReply(content, tuple(calls))
+
+
+def _parse_xml(block: str) -> ToolCall:
+    m = _XML_FUNCTION.match(block)
+    if not m:
+        raise ValueError("malformed tool call: expected <function=NAME> ... </function> inside <tool_call>")
+    name, body = m.group(1).strip(), m.group(2)
+    args = {k.strip(): v for k, v in _XML_PARAM.findall(body)}
+    leftover = _XML_PARAM.sub("", body).strip()
+    if leftover:
+        raise ValueError(f"malformed tool call: unexpected text in <function={name}>: {leftover[:60]!r}")
+    return ToolCall(name, args)
+
+
+def _parse_json(block: str) -> ToolCall:
+    try:
+        obj = json.loads(block)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"malformed tool call: invalid JSON ({e.msg})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ValueError("malformed tool call: expected {\"name\": ..., \"arguments\": {...}}")
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            raise ValueError("malformed tool call: arguments is not a JSON object") from None
+    if not isinstance(args, dict):
+        raise ValueError("malformed tool call: arguments is not a JSON object")
+    return ToolCall(obj["name"], args)
+
+
+# -- templates for tokenizers built here --------------------------------------------------------
+
+_TOOLS_PREAMBLE = {
+    "qwen3_5": (
+        "# Tools\n\nYou have access to the following functions:\n\n<tools>"
+        "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
+        "To call a function, reply with exactly this format and nothing after it:\n\n"
+        "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter>\nvalue\n"
+        "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\n"
+        "- The function block sits inside <tool_call></tool_call>.\n"
+        "- Give every required parameter.\n"
+        "- You may reason before the call, never after it.\n"
+        "- If no function fits, answer normally.\n</IMPORTANT>"
+    ),
+    "qwen3": (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "The functions are listed inside <tools></tools>:\n<tools>"
+        "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
+        "For each call, reply with a JSON object holding the function name and arguments inside "
+        "<tool_call></tool_call>:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+    ),
+}
+
+
+def _assistant_calls(family: Family) -> str:
+    if family == "qwen3_5":
+        return (
+            "{%- for tc in message.tool_calls %}{%- set f = tc.function if tc.function is defined else tc %}"
+            "{%- if loop.first %}{%- if content %}{{ '\\n\\n' }}{%- endif %}{%- else %}{{ '\\n' }}{%- endif %}"
+            "{{ '<tool_call>\\n<function=' + f.name + '>\\n' }}"
+            "{%- for k, v in f.arguments.items() %}{{ '<parameter=' + k + '>\\n' }}"
+            "{%- if v is string %}{{ v }}{%- else %}{{ v | tojson }}{%- endif %}{{ '\\n</parameter>\\n' }}{%- endfor %}"
+            "{{ '</function>\\n</tool_call>' }}{%- endfor %}"
+        )
+    return (
+        "{%- for tc in message.tool_calls %}{%- set f = tc.function if tc.function is defined else tc %}"
+        "{%- if loop.first %}{%- if content %}{{ '\\n\\n' }}{%- endif %}{%- else %}{{ '\\n' }}{%- endif %}"
+        "{{ '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' + (f.arguments | tojson) + '}\\n</tool_call>' }}"
+        "{%- endfor %}"
+    )
+
+
+def chat_template(family: Family) -> str:
+    """A Jinja chat template in the family's documented format (ChatML turns, tools in the system
+    turn, tool results inside user turns, an empty think block on assistant turns)."""
+    return (
+        "{%- if messages[0].role == 'system' %}{%- set sys = messages[0].content | trim %}{%- set rest = messages[1:] %}"
+        "{%- else %}{%- set sys = '' %}{%- set rest = messages %}{%- endif %}"
+        "{%- if tools %}{{ '<|im_start|>system\\n' }}" + _TOOLS_PREAMBLE[family] +
+        "{%- if sys %}{{ '\\n\\n' + sys }}{%- endif %}{{ '<|im_end|>\\n' }}"
+        "{%- elif sys %}{{ '<|im_start|>system\\n' + sys + '<|im_end|>\\n' }}{%- endif %}"
+        "{%- for message in rest %}"
+        "{%- if message.role == 'user' %}{{ '<|im_start|>user\\n' + (message.content | trim) + '<|im_end|>\\n' }}"
+        "{%- elif message.role == 'assistant' %}{%- set content = (message.content or '') | trim %}"
+        "{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + content }}"
+        "{%- if message.tool_calls %}" + _assistant_calls(family) + "{%- endif %}{{ '<|im_end|>\\n' }}"
+        "{%- elif message.role == 'tool' %}"
+        "{%- if loop.first or rest[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
+        "{{ '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+        "{%- if loop.last or rest[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\\n' }}{%- endif %}"
+        "{%- endif %}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+        "{%- if enable_thinking is defined and enable_thinking %}{{ '<think>\\n' }}"
+        "{%- else %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+    )
+
+
+def train_tokenizer(texts, vocab_size: int, family: Family = "qwen3_5"):
+    """Trains a byte-level BPE tokenizer on `texts` with the family's special tokens and template.
+
+    Returns a `transformers.PreTrainedTokenizerFast` (save it with `save_pretrained`), so a model
+    built here loads through exactly the path a real checkpoint uses.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (IM_END, ENDOFTEXT)],
+        chat_template=chat_template(family),
+        clean_up_tokenization_spaces=False,
+    )
