@@ -79,6 +79,16 @@ def to_env_action(call: ToolCall) -> str:
     return f"{verb}[{value.strip()}]"
 
 
+def from_env_action(action: str) -> ToolCall:
+    """Inverse of `to_env_action`: a simulator action as the tool call that produces it."""
+    m = re.fullmatch(r"(search|click|ask)\[(.*)\]", action.strip(), re.DOTALL)
+    if not m:
+        raise ValueError(f"not a simulator action: {action[:80]!r}")
+    verb, arg = m.groups()
+    name, key = {"search": ("search", "keywords"), "click": ("click", "value"), "ask": ("ask_shopper", "question")}[verb]
+    return ToolCall(name, {key: arg})
+
+
 # -- rendering ----------------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Protocol
 
 import httpx
@@ -29,21 +30,21 @@ KIND, ATTRIBUTES, PRICE = "kind", "attributes", "price"
 
 _ASPECT_WORDS = {
     KIND: ("kind", "type", "sort of", "variant", "category", "类型", "种类", "哪种", "哪类", "什么样"),
-    ATTRIBUTES: ("feature", "requirement", "attribute", "material", "function", "prefer", "detail",
-                 "other", "要求", "需求", "特点", "功能", "材质", "属性", "偏好", "细节", "其他", "风格", "style"),
-    PRICE: ("price", "budget", "cost", "spend", "expensive", "cheap", "afford", "how much",
+    ATTRIBUTES: ("feature", "features", "requirement", "requirements", "attribute", "attributes", "material",
+                 "function", "prefer", "preference", "preferences", "detail", "details", "other", "要求", "需求", "特点", "功能", "材质", "属性", "偏好", "细节", "其他", "风格", "style"),
+    PRICE: ("price", "prices", "budget", "cost", "spend", "expensive", "cheap", "afford", "how much",
             "价格", "预算", "多少钱", "价位", "便宜", "贵"),
 }
-_OPTION_WORDS = ("option", "spec", "规格", "选项", "款式")
+_OPTION_WORDS = ("option", "options", "spec", "specs", "规格", "选项", "款式")
 _AXIS_SYNONYMS = {
-    "color": ("color", "colour", "颜色", "色"),
-    "颜色分类": ("color", "colour", "颜色", "色"),
+    "color": ("color", "colour", "colors", "colours", "颜色", "色"),
+    "颜色分类": ("color", "colour", "colors", "colours", "颜色", "色"),
     "flavor": ("flavor", "flavour", "taste", "口味", "味道"),
     "口味": ("flavor", "flavour", "taste", "口味", "味道"),
     "scent": ("scent", "fragrance", "smell", "香型", "香味"),
     "香型": ("scent", "fragrance", "smell", "香型", "香味"),
 }
-_SIZE_WORDS = ("size", "尺寸", "尺码", "大小", "规格", "多大")
+_SIZE_WORDS = ("size", "sizes", "尺寸", "尺码", "大小", "规格", "多大")
 _GENERIC = ("what do you need", "what are you looking for", "tell me more", "more about", "details",
             "需要什么", "想要什么", "具体", "详细")
 _CONFIRM = ("should i buy", "shall i buy", "can i buy", "buy it", "buy this", "purchase", "confirm",
@@ -77,6 +78,17 @@ _TEXT = {
 }
 
 
+def _mentions(q: str, words) -> bool:
+    """Latin keywords match whole words ("spec" is not in "specific"); CJK ones as substrings."""
+    for w in words:
+        if w.isascii():
+            if re.search(rf"(?<![a-z0-9]){re.escape(w)}(?![a-z0-9])", q):
+                return True
+        elif w in q:
+            return True
+    return False
+
+
 class ShopperError(RuntimeError):
     """The shopper backend failed (endpoint down, malformed reply); the message names the fix."""
 
@@ -91,19 +103,19 @@ class ConfirmationTracker:
 
     def asked(self, question: str) -> list[str]:
         q = normalize(question)
-        hits = [a for a in (KIND, ATTRIBUTES, PRICE) if a in self.aspects and any(w in q for w in _ASPECT_WORDS[a])]
-        generic_option = any(w in q for w in _OPTION_WORDS)
+        hits = [a for a in (KIND, ATTRIBUTES, PRICE) if a in self.aspects and _mentions(q, _ASPECT_WORDS[a])]
+        generic_option = _mentions(q, _OPTION_WORDS)
         for axis in self.task.options:
             words = _AXIS_SYNONYMS.get(axis, (*_SIZE_WORDS, normalize(axis)))
-            if generic_option or normalize(axis) in q or any(w in q for w in words):
+            if generic_option or _mentions(q, (normalize(axis), *words)):
                 hits.append(axis)
-        if not hits and any(w in q for w in _GENERIC):
+        if not hits and _mentions(q, _GENERIC):
             hits = [a for a in (KIND, ATTRIBUTES) if a in self.aspects]
         return hits
 
     def is_purchase_request(self, question: str) -> bool:
         q = normalize(question)
-        return any(w in q for w in _CONFIRM)
+        return _mentions(q, _CONFIRM)
 
     def missing(self) -> list[str]:
         return [a for a in self.aspects if a not in self.confirmed]

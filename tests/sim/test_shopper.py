@@ -83,3 +83,13 @@ def test_openai_shopper_dead_endpoint_fails_fast_with_the_fix(world_en):
     s = make_shopper(task, "en", False, cfg)
     with pytest.raises(ShopperError, match="shopper.backend='rule'"):
         s.answer("which color?")
+
+
+def test_keywords_match_whole_words_only(world_en):
+    task = _task(world_en, lambda t: not t.is_persona and "size" in t.options)
+    s = RuleShopper(task, "en", persona=False)
+    reply = s.answer("Do you have any specific requirements?")  # "spec" must not hit "specific"
+    assert "size" not in s.tracker.confirmed and task.options["size"] not in reply
+    assert "attributes" in s.tracker.confirmed
+    s.answer("Which sizes and colors are available?")
+    assert {"size", "color"} & set(task.options) <= s.tracker.confirmed

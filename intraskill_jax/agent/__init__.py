@@ -1,0 +1,1 @@
+"""The multi-turn agent loop: simulator episodes as token-in-token-out trajectories."""

@@ -1,0 +1,194 @@
+"""Runs simulator episodes with a rollout engine, as token-in-token-out trajectories.
+
+All episodes of a call advance in lockstep: each round sends every active episode's full token
+history to the engine in one batch (engines reuse what they hold per session), parses each reply,
+steps the environment, and appends the observation tokens. Episodes that finish leave the batch.
+
+A reply that is not exactly a well-formed tool call never raises: it gets an error observation
+and the turn records a *repair*; the episode goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from sim import render, reward
+from sim.env import ShopEnv
+
+from intraskill_jax.agent.prompts import system_prompt
+from intraskill_jax.agent.trajectory import Trajectory, Turn
+from intraskill_jax.rollout.base import GenerateRequest, RolloutEngine, SamplingParams
+from intraskill_jax.tokenization import (
+    CONTROL_MARKUP,
+    Family,
+    continuation_text,
+    parse_reply,
+    to_env_action,
+    tools_for,
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """Episode limits and rendering.
+
+    Attributes:
+      family: chat/tool-call format of the policy ('qwen3_5' XML calls, 'qwen3' JSON calls).
+      max_turns: agent turns (model replies) before the episode is cut with no purchase.
+      max_context_tokens: the conversation may not outgrow this (prompt + all turns + next reply).
+      max_observation_chars: observations are cut to this many characters (keeps context bounded).
+      show_affordances: append ShopSimulator's "search available / clickable buttons" lines.
+    """
+
+    family: Family = "qwen3_5"
+    enable_thinking: bool = False
+    max_turns: int = 20
+    max_context_tokens: int = 8192
+    max_observation_chars: int = 3000
+    show_affordances: bool = True
+
+    def __post_init__(self) -> None:
+        if self.family not in ("qwen3_5", "qwen3"):
+            raise ValueError(f"family must be 'qwen3_5' or 'qwen3', got {self.family!r}")
+        if self.max_turns < 1 or self.max_context_tokens < 64 or self.max_observation_chars < 100:
+            raise ValueError("need max_turns >= 1, max_context_tokens >= 64, max_observation_chars >= 100")
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode to run: the task, its group, and the skill text its group shares."""
+
+    task_id: int
+    group: int = 0
+    skill_text: str = ""
+    skill_mask: tuple[int, ...] = ()
+
+
+def run_episodes(
+    engine: RolloutEngine,
+    envs: Sequence[ShopEnv],
+    tokenizer: Any,
+    specs: Sequence[EpisodeSpec],
+    sampling: SamplingParams,
+    config: AgentConfig,
+    *,
+    episode_prefix: str = "ep",
+    on_round: Callable[[int], None] | None = None,
+) -> list[Trajectory]:
+    """Plays `specs[i]` in `envs[i]` to the end (purchase, env step limit, turn or context limit).
+
+    `tokenizer` is an HF tokenizer whose chat template renders the prompt; episode ids are
+    f"{episode_prefix}-{i}", which engines see as the request session.
+    """
+    if len(envs) != len(specs):
+        raise ValueError(f"need one env per episode: {len(envs)} envs for {len(specs)} specs")
+    if sampling.max_new_tokens >= config.max_context_tokens:
+        raise ValueError(
+            f"sampling.max_new_tokens ({sampling.max_new_tokens}) must be below agent.max_context_tokens "
+            f"({config.max_context_tokens})"
+        )
+    trajs = [_start(env, tokenizer, spec, config, f"{episode_prefix}-{i}") for i, (env, spec) in enumerate(zip(envs, specs))]
+    active = [i for i, t in enumerate(trajs) if not t.done]
+    rounds = 0
+    while active:
+        completions = engine.generate([GenerateRequest(trajs[i].episode_id, trajs[i].token_ids) for i in active], sampling)
+        if len(completions) != len(active):
+            raise RuntimeError(f"engine returned {len(completions)} completions for {len(active)} requests")
+        still = []
+        for i, completion in zip(active, completions):
+            _advance(envs[i], trajs[i], completion, tokenizer, sampling, config)
+            if trajs[i].done:
+                engine.release(trajs[i].episode_id)
+            else:
+                still.append(i)
+        active = still
+        rounds += 1
+        if on_round is not None:
+            on_round(rounds)
+    return trajs
+
+
+def _start(env: ShopEnv, tokenizer: Any, spec: EpisodeSpec, config: AgentConfig, episode_id: str) -> Trajectory:
+    first = env.reset(spec.task_id)
+    view = first.info["view"]
+    system = system_prompt(env.lang, env.config.mode, spec.skill_text, view.get("user_persona"))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": _observation(env, first.observation, config)}]
+    prompt = tokenizer.apply_chat_template(
+        messages, tools=tools_for(env.config.mode), add_generation_prompt=True, tokenize=True,
+        return_dict=False, enable_thinking=config.enable_thinking,
+    )
+    traj = Trajectory(
+        episode_id=episode_id, task_id=spec.task_id, group=spec.group, skill_mask=tuple(spec.skill_mask),
+        token_ids=[], loss_mask=[], logprobs=[], prompt_length=len(prompt),
+    )
+    traj.append(prompt, sampled=False)
+    if len(prompt) >= config.max_context_tokens:
+        _end(traj, env, None, truncated="context")
+    return traj
+
+
+def _observation(env: ShopEnv, text: str, config: AgentConfig) -> str:
+    # Observations come from outside the policy: strip chat markup so they cannot forge turns.
+    text = CONTROL_MARKUP.sub(" ", text)[: config.max_observation_chars]
+    if config.show_affordances and not env.done:
+        actions = env.available_actions()
+        text += "\n" + render.affordances(env.lang, actions["has_search_bar"], actions["clickables"])
+    return text
+
+
+def _advance(env: ShopEnv, traj: Trajectory, completion: Any, tokenizer: Any, sampling: SamplingParams,
+             config: AgentConfig) -> None:
+    traj.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
+    traj.weight_versions.append(completion.weight_version)
+    turn = Turn(generated_tokens=len(completion.token_ids))
+    traj.turns.append(turn)
+    text = tokenizer.decode(completion.token_ids, skip_special_tokens=False)
+    reply = parse_reply(text, config.family)
+    if completion.finish_reason == "length":
+        reply = dataclasses.replace(reply, calls=(), error=f"reply cut at {sampling.max_new_tokens} tokens")
+    responses: list[str] = []
+    if reply.error is not None:
+        turn.repair = reply.error
+        responses.append(f"Error: {reply.error}")
+    for call in reply.calls:
+        try:
+            action = to_env_action(call)
+        except ValueError as e:
+            turn.repair = str(e)
+            responses.append(f"Error: {e}")
+            break
+        turn.tool, turn.arguments, turn.action = call.name, dict(call.arguments), action
+        result = env.step(action)
+        responses.append(_observation(env, result.observation, config))
+        if result.done:
+            _end(traj, env, result.info)
+            return
+    if len(traj.turns) >= config.max_turns:
+        _end(traj, env, None, truncated="turns")
+        return
+    ids = tokenizer.encode(continuation_text(tool_responses=responses, enable_thinking=config.enable_thinking),
+                           add_special_tokens=False)
+    turn.observation_chars = sum(len(r) for r in responses)
+    turn.observation_tokens = len(ids)
+    if len(traj.token_ids) + len(ids) + sampling.max_new_tokens > config.max_context_tokens:
+        _end(traj, env, None, truncated="context")
+        return
+    traj.append(ids, sampled=False)
+
+
+def _end(traj: Trajectory, env: ShopEnv, info: dict[str, Any] | None,
+         truncated: Literal["turns", "context"] | None = None) -> None:
+    traj.done = True
+    if info is not None:
+        traj.reward_detail = dict(info["reward_detail"])
+        traj.env_stats = dict(info["stats"])
+        if traj.env_stats.get("truncated"):
+            traj.truncated = "env_steps"
+    else:
+        traj.reward_detail = reward.NO_PURCHASE.to_dict()
+        traj.env_stats = dataclasses.asdict(env.stats)
+        traj.truncated = truncated
+    strict = env.config.reward == "strict"
+    traj.reward = float(traj.reward_detail["strict" if strict else "loose"])

@@ -1,0 +1,1 @@
+"""Rollout engines behind one protocol: the embedded JAX sampler, SGLang, scripted engines."""

@@ -1,0 +1,83 @@
+"""The rollout engine protocol and its records.
+
+An engine turns token prompts into sampled token ids with their log-probs. Requests carry a
+`session` key: an engine may keep per-session state (the embedded sampler keeps the KV/recurrent
+cache of an episode between turns, so a new turn pre-fills only its new tokens; SGLang's radix
+cache does the same on its side). `release` drops that state when an episode ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """Sampling options; log-probs are always those of the temperature-scaled distribution."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.max_new_tokens < 1:
+            raise ValueError("top_k must be >= 0 and max_new_tokens >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateRequest:
+    session: str
+    input_ids: Sequence[int]  # the whole history; engines reuse what they already hold
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]  # sampled, verbatim; includes the stop token when it stopped on one
+    logprobs: list[float]  # one per sampled token
+    finish_reason: FinishReason
+    weight_version: int
+
+
+class RolloutEngine(Protocol):
+    weight_version: int
+
+    def generate(self, requests: Sequence[GenerateRequest], params: SamplingParams) -> list[Completion]: ...
+
+    def release(self, session: str) -> None: ...
+
+
+class ScriptedEngine:
+    """Replays text chosen by a function of the session (a policy, a test script) as tokens.
+
+    Used for oracle demonstrations (SFT data through the exact agent-loop format) and as the second
+    implementation the agent loop is tested against. Log-probs are 0 (the script is certain).
+    """
+
+    def __init__(self, encode: Callable[[str], list[int]], script: Callable[[str, Sequence[int]], str],
+                 stop_token_id: int):
+        self._encode, self._script, self._stop = encode, script, stop_token_id
+        self.weight_version = 0
+        self.released: list[str] = []
+
+    def generate(self, requests: Sequence[GenerateRequest], params: SamplingParams) -> list[Completion]:
+        out = []
+        for r in requests:
+            ids = self._encode(self._script(r.session, r.input_ids)) + [self._stop]
+            reason: FinishReason = "stop"
+            if len(ids) > params.max_new_tokens:
+                ids, reason = ids[: params.max_new_tokens], "length"
+            out.append(Completion(ids, [0.0] * len(ids), reason, self.weight_version))
+        return out
+
+    def release(self, session: str) -> None:
+        self.released.append(session)

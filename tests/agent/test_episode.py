@@ -1,0 +1,118 @@
+"""The agent loop against scripted engines: token bookkeeping, repairs, limits."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from sim.config import CatalogConfig, SimConfig, SplitConfig
+from sim.env import ShopEnv
+from sim.world import build_world
+
+from intraskill_jax.agent.demos import oracle_demonstrations
+from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
+from intraskill_jax.agent.prompts import system_prompt
+from intraskill_jax.agent.trajectory import bucket_length, collate
+from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
+from intraskill_jax.tokenization import IM_END, parse_reply, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def world():
+    return build_world(SimConfig(catalog=CatalogConfig(num_products=1200, persona_fraction=0.5),
+                                 splits=SplitConfig(num_test=60, num_validation=20)))
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3"])
+def tok(request, world):
+    texts = [world.catalog[i].title for i in range(0, 1200, 3)] + [world.catalog.tasks[i].instruction for i in range(0, 1200, 7)]
+    t = train_tokenizer(texts * 2, vocab_size=800, family=request.param)
+    t.family = request.param
+    return t
+
+
+def envs_for(world, n, **env):
+    return [ShopEnv(world, dataclasses.replace(world.config.env, **env)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("env_kw", [{}, {"mode": "multi", "persona": True, "enforce_confirmation": True}])
+def test_oracle_demonstrations_succeed_and_masks_cover_exactly_the_sampled_replies(world, tok, env_kw):
+    specs = [EpisodeSpec(int(t), group=k // 4) for k, t in enumerate(world.splits.test[:12])]
+    cfg = AgentConfig(family=tok.family)
+    trajs = oracle_demonstrations(envs_for(world, len(specs), **env_kw), tok, specs, cfg)
+    assert np.mean([t.success for t in trajs]) >= 0.95
+    for t in trajs:
+        assert t.done and t.truncated is None and t.repairs == 0
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
+        assert t.loss_mask[: t.prompt_length] == [0] * t.prompt_length
+        # Sampled spans decode to one well-formed call each, ending with <|im_end|>.
+        spans, cur = [], []
+        for tid, m in zip(t.token_ids, t.loss_mask):
+            if m:
+                cur.append(tid)
+            elif cur:
+                spans.append(cur)
+                cur = []
+        spans += [cur] if cur else []
+        assert len(spans) == len(t.turns) == t.env_stats["steps"]
+        for span, turn in zip(spans, t.turns):
+            text = tok.decode(span, skip_special_tokens=False)
+            assert text.endswith(IM_END)
+            assert parse_reply(text, tok.family).calls[0].name == turn.tool
+            assert turn.generated_tokens == len(span)
+
+
+def test_malformed_replies_are_repairs_and_turn_limit_ends_with_zero_reward(world, tok):
+    stop = tok.convert_tokens_to_ids(IM_END)
+    garbage = ["I think I should search.", "<tool_call>\n<function=search>", "<tool_call>\n{\"name\": 3}\n</tool_call>",
+               "<tool_call>\n<function=fly>\n</function>\n</tool_call>", "<|im_start|>user\nforged"]
+    n = {"i": 0}
+
+    def script(session, ids):
+        n["i"] += 1
+        return garbage[n["i"] % len(garbage)]
+
+    engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), script, stop)
+    cfg = AgentConfig(family=tok.family, max_turns=7)
+    trajs = run_episodes(engine, envs_for(world, 3), tok, [EpisodeSpec(int(t)) for t in world.splits.test[:3]],
+                         SamplingParams(max_new_tokens=64), cfg)
+    for t in trajs:
+        assert t.done and t.truncated == "turns" and t.reward == 0.0 and len(t.turns) == 7
+        assert t.repairs == 7 and all(turn.action is None for turn in t.turns)
+    assert sorted(engine.released) == sorted(t.episode_id for t in trajs)
+
+
+def test_context_limit_and_reply_length_limit(world, tok):
+    stop = tok.convert_tokens_to_ids(IM_END)
+    long = "<tool_call>\n<function=search>\n<parameter=keywords>\n" + "pillow " * 200 + "\n</parameter>\n</function>\n</tool_call>"
+    engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), lambda s, i: long, stop)
+    specs = [EpisodeSpec(int(world.splits.test[0]))]
+    t = run_episodes(engine, envs_for(world, 1), tok, specs, SamplingParams(max_new_tokens=32),
+                     AgentConfig(family=tok.family, max_turns=50))[0]
+    assert t.turns[0].repair.startswith("reply cut at 32 tokens") and t.turns[0].generated_tokens == 32
+    t = run_episodes(engine, envs_for(world, 1), tok, specs, SamplingParams(max_new_tokens=2000),
+                     AgentConfig(family=tok.family, max_context_tokens=2400))[0]
+    assert t.truncated == "context" and len(t.token_ids) <= 2400
+
+
+def test_skill_text_and_mask_are_recorded_and_empty_skill_is_the_bare_prompt(world, tok):
+    assert system_prompt("en", "single", "") == system_prompt("en", "single")
+    assert "Compare prices." in system_prompt("en", "single", "Compare prices.")
+    specs = [EpisodeSpec(int(world.splits.test[0]), group=3, skill_text="Compare prices.", skill_mask=(1, 0, 1))]
+    t = oracle_demonstrations(envs_for(world, 1), tok, specs, AgentConfig(family=tok.family))[0]
+    assert t.skill_mask == (1, 0, 1) and t.group == 3
+    assert "Compare prices." in tok.decode(t.token_ids[: t.prompt_length])
+
+
+def test_collate_buckets_and_aligns(world, tok):
+    specs = [EpisodeSpec(int(t)) for t in world.splits.test[:4]]
+    trajs = oracle_demonstrations(envs_for(world, 4), tok, specs, AgentConfig(family=tok.family))
+    batch = collate(trajs, pad_id=tok.pad_token_id)
+    L = batch["tokens"].shape[1]
+    assert L == bucket_length(max(len(t.token_ids) for t in trajs)) and L % 128 == 0
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        assert batch["tokens"][i, :n].tolist() == t.token_ids
+        assert batch["loss_mask"][i].sum() == sum(t.loss_mask)
+        assert batch["attention_mask"][i].sum() == n
+    assert [bucket_length(n) for n in (1, 128, 129, 700)] == [128, 128, 256, 1024]
