@@ -1,0 +1,224 @@
+"""Shared building blocks: parameters with logical axes, linear, embedding, norms, RoPE, MLP and
+grouped-query attention (with the Qwen3.5 output gate as an option).
+
+Every parameter is stored in the HuggingFace shape and layout (a linear's `weight` is
+[out_features, in_features]) so that an NNX state path joined with '.' is the HF key. Every
+parameter carries logical axis names (`out_sharding` metadata) from this vocabulary:
+'vocab', 'embed', 'mlp', 'q_heads_dim', 'kv_heads_dim', 'linear_qkv', 'linear_z', 'linear_heads',
+'conv_kernel', 'norm', or None (unsharded). `models/sharding.py` maps them to mesh axes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.core import spmd
+
+from intraskill_jax.models import sharding
+
+Axes = tuple[str | None, ...]
+
+
+# --------------------------------------------------------------------------- sharding hooks
+def param(value: jax.Array, axes: Axes) -> nnx.Param:
+    """An `nnx.Param` annotated with logical axis names (`out_sharding` metadata).
+
+    Flax shards at creation only when eager sharding is on *and* a mesh and logical axis rules are
+    active; otherwise the names stay metadata that `models.sharding` turns into shardings.
+    """
+    eager = (nnx.using_eager_sharding() and bool(spmd.get_logical_axis_rules())
+             and not jax.sharding.get_abstract_mesh().empty)
+    return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=eager)
+
+
+def constrain(x: jax.Array, axes: Axes) -> jax.Array:
+    """Activation sharding constraint by logical names; a no-op outside a mesh context."""
+    return sharding.constrain(x, axes)
+
+
+# --------------------------------------------------------------------------- basic layers
+class Linear(nnx.Module):
+    """y = x @ weight.T (+ bias); weight [out_features, in_features] as in torch."""
+
+    def __init__(self, in_features: int, out_features: int, *, axes: Axes, use_bias: bool = False,
+                 dtype: jnp.dtype = jnp.float32, param_dtype: jnp.dtype = jnp.float32,
+                 init_std: float = 0.02, rngs: nnx.Rngs):
+        self.dtype = dtype
+        w = init_std * jax.random.normal(rngs.params(), (out_features, in_features), param_dtype)
+        self.weight = param(w, axes)
+        self.bias = param(jnp.zeros((out_features,), param_dtype), axes[:1]) if use_bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.einsum("...i,oi->...o", x.astype(self.dtype), self.weight[...].astype(self.dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class Embedding(nnx.Module):
+    """Token embedding, weight [vocab, hidden]; `attend` gives tied-head logits."""
+
+    def __init__(self, num_embeddings: int, features: int, *, dtype: jnp.dtype,
+                 param_dtype: jnp.dtype, init_std: float = 0.02, rngs: nnx.Rngs):
+        self.dtype = dtype
+        w = init_std * jax.random.normal(rngs.params(), (num_embeddings, features), param_dtype)
+        self.weight = param(w, ("vocab", "embed"))
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return jnp.take(self.weight[...], ids, axis=0).astype(self.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm over the last axis, in float32.
+
+    zero_centered (Qwen3.5, Gemma-style): y = (x̂ · (1 + w)).astype(x.dtype), w initialised to 0.
+    plain (Qwen3): y = w · x̂.astype(x.dtype), w initialised to 1.
+    Here x̂ = x · rsqrt(mean(x²) + eps).
+    """
+
+    def __init__(self, dim: int, *, eps: float, zero_centered: bool,
+                 param_dtype: jnp.dtype = jnp.float32):
+        self.eps = eps
+        self.zero_centered = zero_centered
+        init = jnp.zeros if zero_centered else jnp.ones
+        self.weight = param(init((dim,), param_dtype), ("norm",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        w = self.weight[...]
+        if self.zero_centered:
+            return (normed * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
+        return (w * normed.astype(x.dtype)).astype(x.dtype)
+
+
+class GatedRMSNorm(nnx.Module):
+    """Gated DeltaNet output norm ("norm before gate"), per head over the last axis.
+
+    y = ((w · x̂.astype(x.dtype)) · silu(z in float32)).astype(x.dtype), w initialised to 1.
+    """
+
+    def __init__(self, dim: int, *, eps: float, param_dtype: jnp.dtype = jnp.float32):
+        self.eps = eps
+        self.weight = param(jnp.ones((dim,), param_dtype), ("norm",))
+
+    def __call__(self, x: jax.Array, gate: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        y = self.weight[...] * normed.astype(x.dtype)
+        return (y * jax.nn.silu(gate.astype(jnp.float32))).astype(x.dtype)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) · up(x)), no biases."""
+
+    def __init__(self, hidden: int, intermediate: int, *, dtype: jnp.dtype, param_dtype: jnp.dtype,
+                 init_std: float, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, init_std=init_std, rngs=rngs)
+        self.gate_proj = Linear(hidden, intermediate, axes=("mlp", "embed"), **kw)
+        self.up_proj = Linear(hidden, intermediate, axes=("mlp", "embed"), **kw)
+        self.down_proj = Linear(intermediate, hidden, axes=("embed", "mlp"), **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(constrain(h, ("batch", "seq", "mlp")))
+
+
+# --------------------------------------------------------------------------- rotary embedding
+def rope_cos_sin(positions: jax.Array, rotary_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """NeoX RoPE tables for integer positions [B, T]: cos, sin of shape [B, T, rotary_dim].
+
+    inv_freq_j = theta^(-2j / rotary_dim), j < rotary_dim/2, duplicated to rotary_dim. With
+    text-only inputs Qwen3.5's interleaved M-RoPE has three equal position rows and reduces to this.
+    """
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates the first `cos.shape[-1]` dims of x [B, T, H, D] (rotate_half); the rest pass."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    rotated = jnp.concatenate([-x_rot[..., half:], x_rot[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return jnp.concatenate([x_rot * cos + rotated * sin, x_pass], axis=-1)
+
+
+# --------------------------------------------------------------------------- attention
+def attention_mask(query_slots: jax.Array, key_valid: jax.Array) -> jax.Array:
+    """Causal + padding mask [B, 1, T, S] from query slot indices [T] and key validity [B, S]."""
+    key_slots = jnp.arange(key_valid.shape[1])
+    causal = key_slots[None, :] <= query_slots[:, None]
+    return (causal[None] & key_valid[:, None, :].astype(bool))[:, None]
+
+
+class Attention(nnx.Module):
+    """Grouped-query softmax attention with q/k RMSNorm and (partial) RoPE.
+
+    With `output_gate` (Qwen3.5), q_proj emits per head [query (D) | gate (D)] and the attention
+    output is multiplied by sigmoid(gate) before o_proj.
+    """
+
+    def __init__(self, *, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 output_gate: bool, zero_centered_norm: bool, eps: float, use_bias: bool,
+                 dtype: jnp.dtype, param_dtype: jnp.dtype, init_std: float, rngs: nnx.Rngs):
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.output_gate = output_gate
+        self.dtype = dtype
+        kw = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, init_std=init_std, rngs=rngs)
+        q_out = num_heads * head_dim * (2 if output_gate else 1)
+        self.q_proj = Linear(hidden, q_out, axes=("q_heads_dim", "embed"), **kw)
+        self.k_proj = Linear(hidden, num_kv_heads * head_dim, axes=("kv_heads_dim", "embed"), **kw)
+        self.v_proj = Linear(hidden, num_kv_heads * head_dim, axes=("kv_heads_dim", "embed"), **kw)
+        self.o_proj = Linear(num_heads * head_dim, hidden, axes=("embed", "q_heads_dim"), **kw)
+        norm_kw = dict(eps=eps, zero_centered=zero_centered_norm, param_dtype=param_dtype)
+        self.q_norm = RMSNorm(head_dim, **norm_kw)
+        self.k_norm = RMSNorm(head_dim, **norm_kw)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, *, key_valid: jax.Array,
+                 kv_cache: tuple[jax.Array, jax.Array] | None = None,
+                 cache_index: jax.Array | int = 0
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """Args:
+          x: [B, T, hidden]; cos, sin: [B, T, rotary_dim].
+          key_valid: [B, S] bool, which key slots hold real tokens (S = T without a cache, else
+            the cache length, already updated for the new tokens).
+          kv_cache: (key, value) [B, S, KV, D] or None; new keys are written at `cache_index`.
+        Returns:
+          [B, T, hidden] and the updated (key, value) cache (None without one).
+        """
+        b, t, _ = x.shape
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_proj(x)
+        if self.output_gate:
+            q = q.reshape(b, t, h, 2 * d)
+            q, gate = q[..., :d], q[..., d:].reshape(b, t, h * d)
+        else:
+            q, gate = q.reshape(b, t, h, d), None
+        q = apply_rope(self.q_norm(q), cos, sin)
+        k = apply_rope(self.k_norm(self.k_proj(x).reshape(b, t, kvh, d)), cos, sin)
+        v = self.v_proj(x).reshape(b, t, kvh, d)
+        q = constrain(q, ("batch", "seq", "heads", None))
+
+        if kv_cache is not None:
+            k_all = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype),
+                                                        cache_index, axis=1)
+            v_all = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype),
+                                                        cache_index, axis=1)
+            new_cache = (k_all, v_all)
+        else:
+            k_all, v_all, new_cache = k, v, None
+        query_slots = cache_index + jnp.arange(t)
+        mask = attention_mask(query_slots, key_valid)
+        out = jax.nn.dot_product_attention(
+            q.astype(self.dtype), k_all.astype(self.dtype), v_all.astype(self.dtype),
+            mask=mask, scale=d ** -0.5)
+        out = out.reshape(b, t, h * d)
+        if gate is not None:
+            out = out * jax.nn.sigmoid(gate)
+        return self.o_proj(out), new_cache
+
