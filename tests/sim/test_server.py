@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +25,7 @@ from sim.env import ShopEnv
 from sim.protocol import API_PATH, NO_SLOT_MESSAGE, extract_action
 from sim.server import MAX_BODY_BYTES, create_app
 from sim.world import World, build_world
+from tests.http_util import free_port, serve_app
 
 SMALL = SimConfig(catalog=CatalogConfig(num_products=1200), splits=SplitConfig(num_test=50, num_validation=50))
 RESET_KEYS = {"instruction", "instruction_simple", "goal_options", "message", "env_idx", "idx"}
@@ -41,12 +40,6 @@ def world() -> World:
     return build_world(SMALL)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve(world: World, env: EnvConfig | None = None, **server: Any) -> Iterator[str]:
     """The real app under uvicorn in a background thread, on a free port; yields its base URL."""
@@ -54,22 +47,8 @@ def serve(world: World, env: EnvConfig | None = None, **server: Any) -> Iterator
     config = dataclasses.replace(
         world.config, server=dataclasses.replace(world.config.server, port=0, **server), env=env or world.config.env
     )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(create_app(world, config), log_level="critical", lifespan="off"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "test server failed to start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        sock.close()
+    with serve_app(create_app(world, config)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -548,7 +527,7 @@ def test_client_retries_until_a_slot_frees(world: World) -> None:
 
 
 def test_client_fails_fast_and_clearly_when_server_is_down() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
     with ShopClient(url, timeout=2, retries=2, backoff=0.01) as shop:
         with pytest.raises(ShopServiceError) as info:
@@ -564,7 +543,7 @@ def test_client_fails_fast_and_clearly_when_server_is_down() -> None:
 
 
 def test_python_m_sim_serve(tmp_path) -> None:
-    port = _free_port()
+    port = free_port()
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cmd = [
         sys.executable, "-m", "sim", "serve", "--config=configs/sim.py", f"--config.server.port={port}",

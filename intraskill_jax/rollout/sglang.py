@@ -1,0 +1,133 @@
+"""A `RolloutEngine` over SGLang's native HTTP API, with disk-based weight sync.
+
+Works unchanged against a real SGLang server and against `intraskill serve`. Generation sends
+token ids (`input_ids`) and reads `output_ids` and `meta_info.output_token_logprobs`
+(`[logprob, token_id, text]`, log-probs of the temperature-scaled distribution), so nothing is
+re-tokenised. Weight sync follows the sequence in shared/reference/grpo-and-rollouts.md 8.3:
+pause, flush (retried while requests drain), `update_weights_from_disk` with a `weight_version`,
+continue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import tenacity
+
+from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class SGLangError(RuntimeError):
+    """The server is unreachable or answered something unusable; the message names the fix."""
+
+
+class _Retryable(Exception):
+    pass
+
+
+class SGLangEngine:
+    def __init__(self, base_url: str, *, timeout_s: float = 600.0, retries: int = 5, backoff_s: float = 0.5,
+                 flush_retries: int = 60, client: httpx.Client | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.retries, self.backoff_s, self.flush_retries = retries, backoff_s, flush_retries
+        self._client = client or httpx.Client(timeout=timeout_s)
+        self.weight_version = 0
+
+    # -- HTTP ------------------------------------------------------------------------------------
+
+    def _post(self, path: str, body: dict[str, Any], *, retry_400: bool = False, attempts: int | None = None) -> Any:
+        url = self.base_url + path
+
+        @tenacity.retry(
+            stop=tenacity.stop_after_attempt((self.retries if attempts is None else attempts) + 1),
+            wait=tenacity.wait_exponential(multiplier=self.backoff_s, max=10.0),
+            retry=tenacity.retry_if_exception_type((httpx.TransportError, _Retryable)),
+            reraise=True,
+        )
+        def once() -> Any:
+            r = self._client.post(url, json=body)
+            if r.status_code >= 500 or r.status_code == 429 or (retry_400 and r.status_code == 400):
+                raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}")
+            if r.status_code != 200:
+                raise SGLangError(f"{url} answered HTTP {r.status_code}: {r.text[:300]}")
+            try:
+                return r.json()
+            except ValueError as e:
+                raise SGLangError(f"{url} answered non-JSON: {r.text[:200]}") from e
+
+        try:
+            return once()
+        except httpx.TransportError as e:
+            raise SGLangError(
+                f"SGLang server at {self.base_url} is unreachable ({type(e).__name__}: {e}); start it "
+                "(`python -m sglang.launch_server ...` or `intraskill serve`) or fix rollout.server_url"
+            ) from e
+        except _Retryable as e:
+            raise SGLangError(f"{url} kept failing after retries: {e}") from e
+
+    def health(self) -> bool:
+        try:
+            return self._client.get(self.base_url + "/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    # -- RolloutEngine ---------------------------------------------------------------------------
+
+    def generate(self, requests: Sequence[GenerateRequest], params: SamplingParams) -> list[Completion]:
+        out: list[Completion] = []
+        for req in requests:  # one session per request, so the server can keep each episode's cache
+            body = {
+                "input_ids": list(req.input_ids),
+                "sampling_params": {
+                    "temperature": params.temperature, "top_p": params.top_p,
+                    "top_k": params.top_k if params.top_k > 0 else -1,
+                    "max_new_tokens": params.max_new_tokens,
+                    "stop_token_ids": list(params.stop_token_ids),
+                    "skip_special_tokens": False, "no_stop_trim": True,
+                },
+                "return_logprob": True,
+                "logprob_start_len": -1,
+                "session_params": {"id": req.session},
+            }
+            out.append(self._parse(self._post("/generate", body)))
+        return out
+
+    def _parse(self, resp: Any) -> Completion:
+        try:
+            meta = resp["meta_info"]
+            ids = [int(t) for t in resp["output_ids"]]
+            pairs = meta["output_token_logprobs"]
+            logprobs = [float(p[0]) for p in pairs]
+            if [int(p[1]) for p in pairs] != ids:
+                raise SGLangError("output_token_logprobs do not match output_ids; the server must not trim stop tokens")
+            reason = meta["finish_reason"]["type"] if isinstance(meta.get("finish_reason"), dict) else "stop"
+            version = int(meta.get("weight_version") or self.weight_version)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise SGLangError(f"malformed /generate response from {self.base_url}: {str(resp)[:300]}") from e
+        return Completion(ids, logprobs, "length" if reason == "length" else "stop", version)
+
+    def release(self, session: str) -> None:
+        try:
+            self._post("/close_session", {"session_id": session}, attempts=0)
+        except SGLangError as e:  # a stock SGLang server has no such route; its radix cache evicts anyway
+            log.debug("close_session: %s", e)
+
+    # -- weight sync -----------------------------------------------------------------------------
+
+    def sync_weights(self, model_path: str, weight_version: int) -> None:
+        """Pause, flush (retried while requests drain), reload from disk, continue."""
+        self._post("/pause_generation", {"mode": "retract"})
+        try:
+            self._post("/flush_cache", {}, retry_400=True, attempts=self.flush_retries)
+            resp = self._post("/update_weights_from_disk",
+                              {"model_path": model_path, "weight_version": str(weight_version), "flush_cache": True})
+            if isinstance(resp, dict) and resp.get("success") is False:
+                raise SGLangError(f"server refused weights at {model_path}: {resp.get('message')}")
+        finally:
+            self._post("/continue_generation", {})
+        self.weight_version = weight_version
