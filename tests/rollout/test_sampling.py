@@ -1,0 +1,53 @@
+"""Sampling against NumPy: filtering sets, log-prob definition, empirical distribution."""
+
+import jax
+import numpy as np
+import pytest
+
+from intraskill_jax.rollout.sampling import filter_logits, sample_tokens
+
+
+def np_keep(logits, top_k, top_p):
+    keep = np.ones_like(logits, bool)
+    for b, row in enumerate(logits):
+        if top_k:
+            keep[b] &= row >= np.sort(row)[-top_k]
+        masked = np.where(keep[b], row, -np.inf)
+        p = np.exp(masked - masked.max())
+        p /= p.sum()
+        order = np.argsort(-masked, kind="stable")
+        before = np.cumsum(p[order]) - p[order]
+        nucleus = np.zeros_like(keep[b])
+        nucleus[order[before < top_p]] = True
+        keep[b] &= nucleus
+    return keep
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (5, 1.0), (0, 0.7), (8, 0.5), (1, 1.0)])
+def test_filter_keeps_exactly_the_numpy_set(top_k, top_p):
+    logits = np.random.default_rng(0).normal(size=(4, 40)).astype(np.float32)
+    kept = np.asarray(filter_logits(logits, top_k, top_p)) > np.finfo(np.float32).min
+    np.testing.assert_array_equal(kept, np_keep(logits, top_k, top_p))
+
+
+def test_logprob_is_temperature_scaled_before_filtering_and_greedy_at_zero():
+    logits = np.random.default_rng(1).normal(size=(3, 30)).astype(np.float32) * 3
+    tokens, lp = sample_tokens(logits, jax.random.key(0), 0.7, 0.9, 10)
+    scaled = logits / 0.7
+    ref = scaled - np.log(np.exp(scaled - scaled.max(1, keepdims=True)).sum(1, keepdims=True)) - scaled.max(1, keepdims=True)
+    np.testing.assert_allclose(lp, ref[np.arange(3), np.asarray(tokens)], rtol=1e-5, atol=1e-5)
+    assert np.all(np_keep(scaled, 10, 0.9)[np.arange(3), np.asarray(tokens)])
+    g, glp = sample_tokens(logits, jax.random.key(0), 0.0, 1.0, 0)
+    np.testing.assert_array_equal(g, logits.argmax(1))
+    ref1 = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    np.testing.assert_allclose(glp, ref1[np.arange(3), logits.argmax(1)], rtol=1e-5, atol=1e-5)
+
+
+def test_samples_follow_the_softmax():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], np.float32))
+    keys = jax.random.split(jax.random.key(3), 4000)
+    toks = np.asarray(jax.vmap(lambda k: sample_tokens(logits, k, 1.0, 1.0, 0)[0][0])(keys))
+    freq = np.bincount(toks, minlength=4) / len(toks)
+    np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.03)
+    toks = np.asarray(jax.vmap(lambda k: sample_tokens(logits, k, 1.0, 0.75, 0)[0][0])(keys))
+    assert set(np.unique(toks)) == {0, 1}  # nucleus 0.75 keeps the top two tokens
