@@ -155,6 +155,8 @@ class SearchIndex:
             # Compiling here also keeps the JIT pause out of the first episode's search.
             retriever.activate_numba_scorer()
             retriever.get_scores_from_ids([0])
+        if _top_k_jit is not None:
+            _top_k_jit(np.ones(2, np.float32), 1)
         log.info("built BM25F index: %d docs, %d terms, %d postings", n, len(vocab), csc.nnz)
         return cls(retriever, vocab, n)
 
@@ -176,6 +178,8 @@ class SearchIndex:
     def search(self, query: str, k: int) -> list[int]:
         """Indices of the top-k matching documents (score > 0), best first, ties by index."""
         scores = self.scores(query)
+        if _top_k_jit is not None and k >= 1:
+            return _top_k_jit(scores, k).tolist()
         hits = np.flatnonzero(scores)
         if hits.size > k:
             top = np.argpartition(-scores[hits], k - 1)[:k]
@@ -196,6 +200,70 @@ class SearchIndex:
     def nbytes(self) -> int:
         s = self._retriever.scores
         return int(s["data"].nbytes + s["indices"].nbytes + s["indptr"].nbytes)
+
+
+def _top_k_positive(scores: np.ndarray, k: int) -> np.ndarray:
+    """`search`'s selection in one compiled pass: the k best positive scores, ties by index.
+
+    Same result as the NumPy path (flatnonzero, argpartition, lexsort) at a fraction of its cost:
+    a size-k heap whose root is the worst kept document (lowest score, then highest index).
+    Documents arrive in index order, so one that only ties the root is worse and is skipped.
+    """
+    heap_s = np.empty(k, scores.dtype)
+    heap_i = np.empty(k, np.int64)
+    size = 0
+    for i in range(scores.shape[0]):
+        s = scores[i]
+        if s <= 0:
+            continue
+        if size < k:
+            # sift up: the root must stay the worst (lowest score; among equals, highest index)
+            j = size
+            size += 1
+            while j > 0:
+                parent = (j - 1) // 2
+                if heap_s[parent] < s or (heap_s[parent] == s and heap_i[parent] > i):
+                    break
+                heap_s[j] = heap_s[parent]
+                heap_i[j] = heap_i[parent]
+                j = parent
+            heap_s[j] = s
+            heap_i[j] = i
+        elif s > heap_s[0]:
+            j = 0
+            while True:
+                child = 2 * j + 1
+                if child >= k:
+                    break
+                if child + 1 < k and (heap_s[child + 1] < heap_s[child] or (
+                        heap_s[child + 1] == heap_s[child] and heap_i[child + 1] > heap_i[child])):
+                    child += 1
+                if s < heap_s[child] or (s == heap_s[child] and i > heap_i[child]):
+                    break
+                heap_s[j] = heap_s[child]
+                heap_i[j] = heap_i[child]
+                j = child
+            heap_s[j] = s
+            heap_i[j] = i
+    heap_s = heap_s[:size]
+    heap_i = heap_i[:size]
+    # best first: score descending, then index ascending (a stable sort over index order)
+    by_index = np.argsort(heap_i)
+    heap_s = heap_s[by_index]
+    heap_i = heap_i[by_index]
+    order = np.argsort(-heap_s, kind="mergesort")
+    return heap_i[order]
+
+
+def _compile_top_k():
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba.njit(cache=True, nogil=True)(_top_k_positive)
+
+
+_top_k_jit = _compile_top_k()
 
 
 def _has_numba() -> bool:
