@@ -340,7 +340,7 @@ def _fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     elif not layer_types:
         layer_types = default_layer_types(family, num_layers, hf.get("full_attention_interval", 4))
 
-    eos = _as_list(hf.get("eos_token_id")) + eos
+    eos = eos + _as_list(hf.get("eos_token_id"))  # the wrapper's (chat) EOS first
     fields: dict[str, Any] = dict(
         family=family,
         vocab_size=need("vocab_size"),

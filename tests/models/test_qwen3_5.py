@@ -103,7 +103,7 @@ def test_masked_decode_token_leaves_state_unchanged(small_model):
     assert not np.asarray(after.key_valid)[:, 20].any()
 
 
-@pytest.mark.parametrize("remat", ["full", "dots_saveable"])
+@pytest.mark.parametrize("remat", ["full"])
 def test_remat_policy_keeps_gradients(small_model, remat):
     ids = jnp.asarray(np.random.default_rng(3).integers(0, SMALL.vocab_size, size=(2, 12)))
     graphdef, state = nnx.split(small_model)
