@@ -249,7 +249,9 @@ class ShopEnv:
         return render.detail_page(self.lang, product, page.detail)
 
     def _info(self) -> dict[str, Any]:
-        return {"stats": dataclasses.asdict(self.stats)}
+        # A shallow copy is asdict's result for these flat int/bool fields, at 1/20 of the cost
+        # (asdict deep-copies recursively; it was ~20 us of every step).
+        return {"stats": dict(vars(self.stats))}
 
     def _ok(self) -> StepResult:
         return StepResult(self._render(), 0.0, False, self._info())
