@@ -262,6 +262,8 @@ def _persona(where: _Where, value: Any) -> Mapping[str, Any] | None:
             where.fail(f"'user_persona' is a string but not JSON ({e.msg})")
     if not isinstance(value, dict):
         where.fail(f"'user_persona' must be an object or null, got {type(value).__name__}")
+    if not value:
+        return None
     # The hidden reasoning explains the task to annotators; the agent must never see it.
     return {k: v for k, v in value.items() if k != "__reasoning__"}
 
