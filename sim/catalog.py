@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import threading
 from collections.abc import Iterator, Sequence
@@ -90,6 +91,8 @@ class SyntheticCatalog:
         self._lock = threading.Lock()
         self._brands = [_brands(d, self.lang) for d in range(len(DOMAINS))]
         self.tasks: Sequence[Task] = _Tasks(self)
+        # Resets rebuild the same tasks again and again (groups of siblings, validation rounds).
+        self.make_task = functools.lru_cache(maxsize=8192)(self.make_task)  # type: ignore[method-assign]
 
     # -- products ----------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -32,7 +33,7 @@ class Product:
     description: str = ""
     bullets: tuple[str, ...] = ()
 
-    @property
+    @functools.cached_property  # products are immutable; pages ask for this 20 times per render
     def price_axis(self) -> str | None:
         for axis, values in self.options.items():
             if any(v.price is not None for v in values):
@@ -52,6 +53,11 @@ class Product:
             if v.value == chosen:
                 return v.price
         return None
+
+    @functools.cached_property
+    def list_price_text(self) -> str:
+        """The price as a results page shows it (nothing selected)."""
+        return self.price_text()
 
     def price_text(self, selected: Mapping[str, str] | None = None) -> str:
         price = self.sku_price(selected or {})

@@ -41,7 +41,7 @@ def results_page(products: Sequence[Product], page: int, total: int, has_next: b
     if has_next:
         parts.append(NEXT)
     for p in products:
-        parts += (p.asin, p.title, p.price_text())
+        parts += (p.asin, p.title, p.list_price_text)
     return SEP.join(parts)
 
 

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from sim.records import OptionValue, Product, Purchase, Task
@@ -76,7 +78,7 @@ def test_wrong_type_is_not_full_credit():
     assert same_group.r_type == 0.0 and same_group.success == 0.0
     assert type_score(goal(), Purchase(FILTER, {})) == 0.0
     # Same type word in the title, other leaf: the weaker WebShop match.
-    kids_quilt = Product(**{**QUILT.__dict__, "title": "Lumi kids quilt"})
+    kids_quilt = dataclasses.replace(QUILT, title="Lumi kids quilt")
     assert type_score(goal(), Purchase(kids_quilt, {})) == 0.5
 
 
