@@ -159,8 +159,8 @@ def chunk_gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Arra
     return o.astype(out_dtype), state
 
 
-def causal_conv1d(x: jax.Array, weight: jax.Array, state: jax.Array | None = None
-                  ) -> tuple[jax.Array, jax.Array]:
+def causal_conv1d(x: jax.Array, weight: jax.Array, state: jax.Array | None = None,
+                  mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Causal depthwise conv followed by SiLU, with its decode state.
 
         y[t, c] = silu(Σ_{j<K} w[c, 0, j] · x̃[t + j, c]),   x̃ = concat(state, x) along time,
@@ -168,19 +168,35 @@ def causal_conv1d(x: jax.Array, weight: jax.Array, state: jax.Array | None = Non
     so without a state the K−1 inputs before t = 0 are zeros (HF `causal_conv1d_fn`) and with one
     this is HF `causal_conv1d_update` for any T. Computed in the weight dtype, returned in x.dtype.
 
+    With a mask, masked tokens are skipped as if absent: each row's real tokens are moved to the
+    front (order kept), convolved right after the state, and moved back; the new state holds the
+    last K−1 real inputs. Padding anywhere (left, right, inside a continuation) thus never enters
+    a real token's window or the carried state. Outputs at masked positions are unspecified.
+
     Args:
       x: [B, T, C] pre-conv inputs.
       weight: [C, 1, K] (torch depthwise `Conv1d` layout).
       state: [B, K−1, C], the pre-conv inputs of the previous K−1 tokens, or None (zeros).
+      mask: [B, T] bool, real tokens; None means all real.
     Returns:
-      (y [B, T, C], new state [B, K−1, C] = the last K−1 rows of x̃, in x.dtype).
+      (y [B, T, C], new state [B, K−1, C] in x.dtype).
     """
     kernel = weight.shape[-1]
     b, t, c = x.shape
     if state is None:
         state = jnp.zeros((b, kernel - 1, c), x.dtype)
+    if mask is not None:
+        order = jnp.argsort(~mask, axis=1, stable=True)             # real tokens first
+        x = jnp.take_along_axis(x, order[..., None], axis=1)
+        num_real = jnp.sum(mask, axis=1, dtype=jnp.int32)
+        x = jnp.where((jnp.arange(t) < num_real[:, None])[..., None], x, 0)
     padded = jnp.concatenate([state.astype(weight.dtype), x.astype(weight.dtype)], axis=1)
     w = weight[:, 0, :]                                             # [C, K]
-    y = sum(padded[:, j:j + t, :] * w[:, j] for j in range(kernel))
-    new_state = padded[:, t:, :].astype(x.dtype)
-    return jax.nn.silu(y).astype(x.dtype), new_state
+    y = jax.nn.silu(sum(padded[:, j:j + t, :] * w[:, j] for j in range(kernel))).astype(x.dtype)
+    if mask is None:
+        return y, padded[:, t:, :].astype(x.dtype)
+    # Rows of x̃ after the last real token are the window of the new state.
+    window = num_real[:, None] + jnp.arange(kernel - 1)
+    new_state = jnp.take_along_axis(padded, window[..., None], axis=1).astype(x.dtype)
+    y = jnp.take_along_axis(y, jnp.argsort(order, axis=1)[..., None], axis=1)
+    return y, new_state

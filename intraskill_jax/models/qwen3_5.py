@@ -46,11 +46,12 @@ class DepthwiseConv1d(nnx.Module):
 class GatedDeltaNet(nnx.Module):
     """Qwen3.5 linear-attention mixer. x [B, T, h] -> [B, T, h].
 
-    1. Padded positions of x are zeroed.
+    1. Padded positions of x are zeroed; the conv skips them (see `causal_conv1d`).
     2. mixed = in_proj_qkv(x) [B, T, C]; z = in_proj_z(x) [B, T, Hv, Dv]; b, a = in_proj_b/a(x) [B, T, Hv].
     3. mixed <- silu(causal depthwise conv(mixed)), split into q, k [B, T, Hk, Dk] and v [B, T, Hv, Dv].
     4. β = sigmoid(b); g = −exp(A_log) · softplus(a + dt_bias) (float32). At padded positions
-       β = g = 0, so they neither write nor decay the state.
+       β = g = 0, so they neither write nor decay the state: masked tokens anywhere are exact
+       no-ops for the real ones.
     5. Gated delta rule (chunked; recurrent for one-token decode) -> o [B, T, Hv, Dv].
     6. out_proj(GatedRMSNorm(o, z) flattened to Hv·Dv).
     """
@@ -75,9 +76,12 @@ class GatedDeltaNet(nnx.Module):
         self.norm = GatedRMSNorm(self.head_v_dim, eps=c.rms_norm_eps, param_dtype=c.params_dtype)
         self.out_proj = Linear(value_dim, c.hidden_size, axes=("embed", "linear_z"), **kw)
 
-    def __call__(self, x: jax.Array, token_mask: jax.Array, state: DeltaNetCache | None = None
-                 ) -> tuple[jax.Array, DeltaNetCache | None]:
-        """x [B, T, h]; token_mask [B, T] bool; state from the cache or None (no cache)."""
+    def __call__(self, x: jax.Array, token_mask: jax.Array, state: DeltaNetCache | None = None, *,
+                 has_padding: bool = True) -> tuple[jax.Array, DeltaNetCache | None]:
+        """x [B, T, h]; token_mask [B, T] bool; state from the cache or None (no cache).
+
+        `has_padding=False` (static) promises an all-true mask and skips the conv's compaction.
+        """
         b, t, _ = x.shape
         hk, hv, dk, dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
         x = jnp.where(token_mask[..., None], x, 0).astype(x.dtype)
@@ -91,15 +95,14 @@ class GatedDeltaNet(nnx.Module):
         g = jnp.where(token_mask[..., None], g, 0.0)
 
         conv_in = None if state is None else state.conv_state
-        mixed, conv_state = gated_delta.causal_conv1d(mixed, self.conv1d.weight[...], conv_in)
+        mixed, conv_state = gated_delta.causal_conv1d(mixed, self.conv1d.weight[...], conv_in,
+                                                      token_mask if has_padding else None)
         q = mixed[..., :hk * dk].reshape(b, t, hk, dk)
         k = mixed[..., hk * dk:2 * hk * dk].reshape(b, t, hk, dk)
         v = mixed[..., 2 * hk * dk:].reshape(b, t, hv, dv)
         v = constrain(v, ("batch", "seq", "linear_heads", None))
 
         if state is not None and t == 1:
-            # A masked decode token (a finished row) must leave the conv state untouched too.
-            conv_state = jnp.where(token_mask[:, :1, None], conv_state, state.conv_state)
             core, rec_state = gated_delta.recurrent_gated_delta_rule(
                 q, k, v, g, beta, state.recurrent_state)
         else:
@@ -135,11 +138,11 @@ class DecoderLayer(nnx.Module):
                        param_dtype=c.params_dtype, init_std=c.initializer_range, rngs=rngs)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, token_mask: jax.Array,
-                 key_valid: jax.Array, cache_index: jax.Array, layer_cache: LayerCache | None
-                 ) -> tuple[jax.Array, LayerCache | None]:
+                 key_valid: jax.Array, cache_index: jax.Array, layer_cache: LayerCache | None, *,
+                 has_padding: bool = True) -> tuple[jax.Array, LayerCache | None]:
         h = self.input_layernorm(x)
         if self.layer_type == "linear_attention":
-            h, new_cache = self.linear_attn(h, token_mask, layer_cache)
+            h, new_cache = self.linear_attn(h, token_mask, layer_cache, has_padding=has_padding)
         else:
             kv = None if layer_cache is None else (layer_cache.key, layer_cache.value)
             h, kv = self.self_attn(h, cos, sin, key_valid=key_valid, kv_cache=kv,
@@ -148,10 +151,6 @@ class DecoderLayer(nnx.Module):
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return constrain(x, ("batch", "seq", "embed")), new_cache
-
-
-def _run_layer(layer: DecoderLayer, *args):
-    return layer(*args)
 
 
 class TextModel(nnx.Module):
@@ -186,9 +185,13 @@ class TextModel(nnx.Module):
         cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta)
 
         x = constrain(self.embed_tokens(input_ids), ("batch", "seq", "embed"))
-        run = _run_layer
+        has_padding = attention_mask is not None
+
+        def run(layer: DecoderLayer, *args):
+            return layer(*args, has_padding=has_padding)
+
         if self.config.remat != "none":
-            run = nnx.remat(_run_layer, policy=_REMAT_POLICIES[self.config.remat])
+            run = nnx.remat(run, policy=_REMAT_POLICIES[self.config.remat])
         new_layers = []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else cache.layers[i]

@@ -87,3 +87,21 @@ def test_causal_conv_matches_torch_and_continues_from_state():
         pieces.append(y_part)
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), y, rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(s, state)
+
+
+def test_causal_conv_skips_masked_tokens_anywhere():
+    rng = np.random.default_rng(1)
+    w = jnp.asarray(rng.normal(size=(6, 1, 4)), jnp.float32)
+    state = jnp.asarray(rng.normal(size=(1, 3, 6)), jnp.float32)
+    real = jnp.asarray(rng.normal(size=(1, 5, 6)), jnp.float32)
+    expected_y, expected_state = gd.causal_conv1d(real, w, state)
+    # The same 5 real tokens interleaved with 4 masked ones (random values) in a 9-token segment.
+    mask = np.array([[0, 1, 1, 0, 0, 1, 1, 0, 1]], bool)
+    x = np.asarray(rng.normal(size=(1, 9, 6)), np.float32)
+    x[mask] = np.asarray(real[0])
+    y, new_state = gd.causal_conv1d(jnp.asarray(x), w, state, jnp.asarray(mask))
+    np.testing.assert_allclose(np.asarray(y)[mask], np.asarray(expected_y[0]), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(new_state, expected_state, rtol=1e-6)
+    # No real token at all: the state is carried unchanged.
+    _, kept = gd.causal_conv1d(jnp.asarray(x[:, :1]), w, state, jnp.zeros((1, 1), bool))
+    np.testing.assert_array_equal(kept, state)
