@@ -12,7 +12,7 @@ from intraskill_jax.models import ModelConfig, causal_lm_class
 
 def build_hf_model(config: ModelConfig, seed: int = 0) -> torch.nn.Module:
     """HF `Qwen3_5ForCausalLM` / `Qwen3ForCausalLM` for `config`, fp32, eager attention, with every
-    norm weight, A_log and dt_bias randomised (default inits hide (1+w) vs w mistakes)."""
+    norm weight, A_log, dt_bias and bias randomised (default inits hide (1+w) vs w mistakes)."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
@@ -34,6 +34,8 @@ def build_hf_model(config: ModelConfig, seed: int = 0) -> torch.nn.Module:
                 p.copy_(torch.rand(p.shape, generator=gen) * 2.0 - 1.0)
             elif name.endswith("dt_bias"):
                 p.copy_(torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):  # zero-initialised by HF, which would hide a dropped bias
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
     return model
 
 

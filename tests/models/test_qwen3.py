@@ -44,3 +44,10 @@ def test_prefill_then_decode_equals_full_forward():
 def test_family_is_checked():
     with pytest.raises(ValueError, match="family='qwen3'"):
         Qwen3ForCausalLM(ModelConfig.tiny_qwen3_5(), rngs=nnx.Rngs(0))
+
+
+def test_attention_bias_variant_matches_transformers():
+    ref, ours = paired_models(CONFIG.replace(attention_bias=True), seed=2)
+    ids, mask = left_padded(np.random.default_rng(3), 3, 63, CONFIG.vocab_size, [0, 1, 17])
+    got = np.asarray(_forward(ours, jnp.asarray(ids), jnp.asarray(mask)))
+    assert rel_err(got, hf_logits(ref, ids, mask), mask) < 1e-4
