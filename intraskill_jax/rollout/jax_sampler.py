@@ -1,0 +1,269 @@
+"""The embedded JAX sampler: batched prefill and decode over the models' cache, kept across turns.
+
+Each session (an episode) owns one row of a shared `DecodeCache`. A request's token history is
+compared with what its row already holds, so a new turn pre-fills only the tokens it adds (the
+last sampled token and the observation). All rows advance in lockstep; rows without work in a call
+are fully masked, which leaves their DeltaNet, conv and KV state untouched. Each call's new tokens
+are left-padded to a bucketed length and decode runs in one jitted `while_loop` of a bucketed
+number of steps, so jit compiles a handful of programs, not one per turn.
+
+Rows share one slot counter, so slots are consumed by padding and by idle rows too; when the cache
+would overflow, it is rebuilt by re-prefilling every live session (`compactions` counts it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from intraskill_jax.models.cache import DecodeCache, DeltaNetCache, init_cache
+from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams
+from intraskill_jax.rollout.sampling import sample_tokens
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplerConfig:
+    """Attributes:
+      max_batch: cache rows = sessions served at once.
+      max_length: cache slots shared by all rows (prompt, turns, padding).
+      prefill_buckets: new-token counts per call are padded up to one of these; longer inputs are
+        pre-filled in chunks of the largest.
+      decode_buckets: decode loops are compiled for these step counts (>= max_new_tokens).
+    """
+
+    max_batch: int = 16
+    max_length: int = 16384
+    prefill_buckets: tuple[int, ...] = (32, 128, 512, 2048)
+    decode_buckets: tuple[int, ...] = (64, 256, 1024)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_length < 2:
+            raise ValueError(f"need max_batch >= 1 and max_length >= 2, got {self.max_batch}, {self.max_length}")
+        for name in ("prefill_buckets", "decode_buckets"):
+            b = getattr(self, name)
+            if not b or list(b) != sorted(b) or b[0] < 1:
+                raise ValueError(f"{name} must be increasing positive ints, got {b}")
+
+
+@dataclasses.dataclass
+class _Row:
+    index: int
+    cached: list[int]  # tokens whose state is in the cache (the last sampled token is not fed)
+
+
+def _bucket(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    return buckets[-1]
+
+
+class JaxSampler:
+    """A `RolloutEngine` over an NNX `CausalLM`."""
+
+    def __init__(self, model: nnx.Module, config: SamplerConfig | None = None, *, weight_version: int = 0):
+        self.config = config or SamplerConfig()
+        self.model_config = model.config
+        self.graphdef, self.state = nnx.split(model)
+        self.weight_version = weight_version
+        self.compactions = 0
+        self._rows: dict[str, _Row] = {}
+        self._free = list(range(self.config.max_batch))
+        self._key = jax.random.key(self.config.seed)
+        self._cache = init_cache(self.model_config, self.config.max_batch, self.config.max_length)
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def set_weights(self, model: nnx.Module, weight_version: int) -> None:
+        """Swaps in new parameters (same architecture); cached sessions are dropped."""
+        self.graphdef, self.state = nnx.split(model)
+        self.weight_version = weight_version
+        self.flush()
+
+    def flush(self) -> None:
+        for session in list(self._rows):
+            self.release(session)
+        self._cache = init_cache(self.model_config, self.config.max_batch, self.config.max_length)
+
+    # -- RolloutEngine -------------------------------------------------------------------------
+
+    def release(self, session: str) -> None:
+        row = self._rows.pop(session, None)
+        if row is not None:
+            self._free.append(row.index)
+
+    def generate(self, requests: Sequence[GenerateRequest], params: SamplingParams) -> list[Completion]:
+        if not requests:
+            return []
+        if len({r.session for r in requests}) != len(requests):
+            raise ValueError("one request per session per call")
+        new_tokens: dict[int, list[int]] = {}
+        fresh: list[int] = []
+        for r in requests:
+            ids = [int(t) for t in r.input_ids]
+            if not ids:
+                raise ValueError(f"session {r.session}: empty input_ids")
+            row = self._rows.get(r.session)
+            if row is not None and len(ids) > len(row.cached) and ids[: len(row.cached)] == row.cached:
+                new_tokens[row.index] = ids[len(row.cached):]
+            else:  # a new session, or a history that diverged from what the row holds
+                if row is None:
+                    if not self._free:
+                        raise RuntimeError(
+                            f"more than sampler.max_batch={self.config.max_batch} concurrent sessions; "
+                            "release finished ones or raise max_batch")
+                    row = self._rows[r.session] = _Row(self._free.pop(0), [])
+                fresh.append(row.index)
+                new_tokens[row.index] = ids
+            row.cached = ids
+        steps = _bucket(params.max_new_tokens, self.config.decode_buckets)
+        if params.max_new_tokens > steps:
+            raise ValueError(f"max_new_tokens {params.max_new_tokens} exceeds the largest decode bucket {steps}")
+        if self._slots_needed(new_tokens) + steps > self.config.max_length - int(self._cache.length):
+            fresh = self._compact(new_tokens, fresh)
+        if fresh:
+            self._reset_rows(fresh)
+        logits = self._prefill_rows(new_tokens)
+        active = np.zeros(self.config.max_batch, bool)
+        active[[self._rows[r.session].index for r in requests]] = True
+        self._key, key = jax.random.split(self._key)
+        stop = jnp.asarray(list(params.stop_token_ids) or [-1], jnp.int32)
+        tokens, logprobs, counts, self._cache = _decode(
+            self.graphdef, self.state, self._cache, logits, key, jnp.asarray(active), jnp.float32(params.temperature),
+            jnp.float32(params.top_p), stop, jnp.int32(params.max_new_tokens), steps=steps, top_k=params.top_k)
+        tokens, logprobs, counts = np.asarray(tokens), np.asarray(logprobs), np.asarray(counts)
+        stop_set = set(params.stop_token_ids)
+        out = []
+        for r in requests:
+            row = self._rows[r.session]
+            n = int(counts[row.index])
+            ids = tokens[row.index, :n].tolist()
+            row.cached = row.cached + ids[:-1]  # the last sampled token was not fed
+            reason = "stop" if ids and ids[-1] in stop_set else "length"
+            out.append(Completion(ids, logprobs[row.index, :n].tolist(), reason, self.weight_version))
+        return out
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _chunks(self, n: int) -> list[int]:
+        big = self.config.prefill_buckets[-1]
+        sizes = [big] * (n // big) + ([n % big] if n % big else [])
+        return [_bucket(s, self.config.prefill_buckets) for s in sizes]
+
+    def _slots_needed(self, new_tokens: dict[int, list[int]]) -> int:
+        longest = max(len(t) for t in new_tokens.values())
+        return sum(self._chunks(longest))
+
+    def _compact(self, new_tokens: dict[int, list[int]], fresh: list[int]) -> list[int]:
+        """Rebuilds the cache holding only live sessions; returns the rows to treat as fresh."""
+        self.compactions += 1
+        log.info("sampler cache full (%d slots): rebuilding for %d live sessions", self.config.max_length, len(self._rows))
+        self._cache = init_cache(self.model_config, self.config.max_batch, self.config.max_length)
+        history = {}
+        for row in self._rows.values():
+            held = row.cached if row.index not in new_tokens else row.cached[: len(row.cached) - len(new_tokens[row.index])]
+            if row.index in fresh:
+                held = []
+            history[row.index] = held
+        # Re-feed what each row held, then the new tokens; everything is fresh again.
+        for index, held in history.items():
+            new_tokens[index] = held + new_tokens.get(index, [])
+        for index in list(new_tokens):
+            if not new_tokens[index]:
+                del new_tokens[index]
+        need = self._slots_needed(new_tokens) + self.config.decode_buckets[-1]
+        if need > self.config.max_length:
+            raise RuntimeError(
+                f"a session needs {need} cache slots but sampler.max_length is {self.config.max_length}; "
+                "raise max_length or lower agent.max_context_tokens")
+        return list(history)
+
+    def _reset_rows(self, rows: list[int]) -> None:
+        mask = np.zeros(self.config.max_batch, bool)
+        mask[rows] = True
+        self._cache = _reset_rows(self._cache, jnp.asarray(mask))
+
+    def _prefill_rows(self, new_tokens: dict[int, list[int]]) -> jax.Array:
+        b = self.config.max_batch
+        pending = {i: list(t) for i, t in new_tokens.items()}
+        logits = jnp.zeros((b, self.model_config.vocab_size), jnp.float32)
+        big = self.config.prefill_buckets[-1]
+        while pending:
+            width = _bucket(max(min(len(t), big) for t in pending.values()), self.config.prefill_buckets)
+            ids = np.zeros((b, width), np.int32)
+            mask = np.zeros((b, width), bool)
+            for i, toks in pending.items():
+                piece = toks[:width]
+                ids[i, width - len(piece):] = piece  # left padding: the last column is the newest token
+                mask[i, width - len(piece):] = True
+            step_logits, self._cache = _prefill(self.graphdef, self.state, self._cache, jnp.asarray(ids), jnp.asarray(mask))
+            got = np.zeros(b, bool)
+            got[list(pending)] = True
+            logits = jnp.where(jnp.asarray(got)[:, None], step_logits, logits)
+            pending = {i: t[width:] for i, t in pending.items() if len(t) > width}
+        return logits
+
+
+# Module-level jitted functions with the graph definition static: samplers of the same architecture
+# share compiled programs (tests, weight swaps), and the cache buffers are donated.
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def _prefill(graphdef, state, cache: DecodeCache, ids, mask):
+    model = nnx.merge(graphdef, state)
+    hidden, cache = model.hidden_states(ids, mask, cache=cache)
+    return model.logits(hidden[:, -1]), cache
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k"), donate_argnums=(2,))
+def _decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature, top_p, stop_ids, max_new, *,
+            steps: int, top_k: int):
+    model = nnx.merge(graphdef, state)
+    b = logits.shape[0]
+
+    def cond(carry):
+        i, _, _, _, alive, *_ = carry
+        return (i < steps) & jnp.any(alive)
+
+    def body(carry):
+        i, cache, logits, key, alive, tokens, lps, counts = carry
+        key, sub = jax.random.split(key)
+        tok, lp = sample_tokens(logits, sub, temperature, top_p, top_k)
+        tokens = tokens.at[:, i].set(jnp.where(alive, tok, 0))
+        lps = lps.at[:, i].set(jnp.where(alive, lp, 0.0))
+        counts = counts + alive.astype(jnp.int32)
+        feed = alive & ~jnp.isin(tok, stop_ids) & (counts < max_new)
+
+        def step(cache):
+            hidden, cache = model.hidden_states(tok[:, None], feed[:, None], cache=cache)
+            return model.logits(hidden[:, -1]), cache
+
+        logits, cache = jax.lax.cond(jnp.any(feed), step, lambda c: (logits, c), cache)
+        return i + 1, cache, logits, key, feed, tokens, lps, counts
+
+    init = (jnp.int32(0), cache, logits, key, active, jnp.zeros((b, steps), jnp.int32),
+            jnp.zeros((b, steps), jnp.float32), jnp.zeros((b,), jnp.int32))
+    _, cache, _, _, _, tokens, lps, counts = jax.lax.while_loop(cond, body, init)
+    return tokens, lps, counts, cache
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _reset_rows(cache: DecodeCache, rows: jax.Array) -> DecodeCache:
+    """Zeroes the recurrent and conv state of `rows` and invalidates their KV slots."""
+    layers = []
+    for layer in cache.layers:
+        if isinstance(layer, DeltaNetCache):
+            layer = DeltaNetCache(
+                conv_state=jnp.where(rows[:, None, None], 0, layer.conv_state),
+                recurrent_state=jnp.where(rows[:, None, None, None], 0, layer.recurrent_state))
+        layers.append(layer)
+    return DecodeCache(layers=tuple(layers), key_valid=cache.key_valid & ~rows[:, None],
+                       length=cache.length, next_position=jnp.where(rows, 0, cache.next_position))
