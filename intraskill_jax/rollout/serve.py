@@ -1,0 +1,55 @@
+"""`intraskill serve`: the SGLang-compatible server over the embedded JAX sampler.
+
+    intraskill serve --model-path /ckpt/hf/weight_v000000 --port 30000
+
+The model and tokenizer load from an HF directory (the same files SGLang would load), and
+`/update_weights_from_disk` reloads weights in place from another such directory (what the
+trainer's weight sync writes), so TPU users get hot reload that sglang-jax lacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from fastapi import FastAPI
+
+from intraskill_jax.rollout.jax_sampler import JaxSampler, SamplerConfig
+from intraskill_jax.rollout.server import create_app
+
+log = logging.getLogger(__name__)
+
+
+def build_app(model_path: str, sampler: SamplerConfig | None = None, *, dtype: str | None = None) -> FastAPI:
+    """Loads model + tokenizer from `model_path` and returns the app (weight reload wired in)."""
+    from transformers import AutoTokenizer
+
+    from intraskill_jax.models.params import load_pretrained
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    engine = JaxSampler(load_pretrained(model_path, dtype=dtype), sampler)
+
+    def reload(path: str) -> None:
+        model = load_pretrained(path, dtype=dtype)
+        if model.config != engine.model_config:
+            raise ValueError(f"{path} holds a different architecture than the served model")
+        engine.set_weights(model, engine.weight_version)
+        log.info("reloaded weights from %s", path)
+
+    return create_app(engine, tokenizer=tokenizer, reload=reload, model_name=model_path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="intraskill serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", required=True, help="HF checkpoint directory (config.json, safetensors, tokenizer)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--max-batch", type=int, default=SamplerConfig.max_batch, help="concurrent sessions")
+    p.add_argument("--max-length", type=int, default=SamplerConfig.max_length, help="cache slots")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: by backend)")
+    args = p.parse_args(argv)
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO)
+    app = build_app(args.model_path, SamplerConfig(max_batch=args.max_batch, max_length=args.max_length), dtype=args.dtype)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
