@@ -16,13 +16,13 @@ from intraskill_jax.models.config import ModelConfig
 
 @flax.struct.dataclass
 class AttentionCache:
-    key: jax.Array    # [B, S, KV, D] post-norm, post-RoPE keys
+    key: jax.Array  # [B, S, KV, D] post-norm, post-RoPE keys
     value: jax.Array  # [B, S, KV, D]
 
 
 @flax.struct.dataclass
 class DeltaNetCache:
-    conv_state: jax.Array       # [B, K-1, C] pre-conv inputs of the last K-1 tokens
+    conv_state: jax.Array  # [B, K-1, C] pre-conv inputs of the last K-1 tokens
     recurrent_state: jax.Array  # [B, Hv, Dk, Dv] float32
 
 
@@ -32,17 +32,18 @@ LayerCache = AttentionCache | DeltaNetCache
 @flax.struct.dataclass
 class DecodeCache:
     layers: tuple[LayerCache, ...]  # one per decoder layer
-    key_valid: jax.Array            # [B, S] bool, slot holds a real (unmasked) token
-    length: jax.Array               # [] int32, slots written so far (same for every row)
-    next_position: jax.Array        # [B] int32, RoPE position of each row's next real token
+    key_valid: jax.Array  # [B, S] bool, slot holds a real (unmasked) token
+    length: jax.Array  # [] int32, slots written so far (same for every row)
+    next_position: jax.Array  # [B] int32, RoPE position of each row's next real token
 
     @property
     def max_length(self) -> int:
         return self.key_valid.shape[1]
 
 
-def init_cache(config: ModelConfig, batch_size: int, max_length: int,
-               dtype: jnp.dtype | None = None) -> DecodeCache:
+def init_cache(
+    config: ModelConfig, batch_size: int, max_length: int, dtype: jnp.dtype | None = None
+) -> DecodeCache:
     """An empty cache for `batch_size` rows and up to `max_length` tokens (prompt + generated).
 
     Writing past `max_length` is not checked inside jit (slots would be clamped); size it for the
@@ -53,14 +54,27 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int,
     for layer_type in config.layer_types:
         if layer_type == "full_attention":
             shape = (batch_size, max_length, config.num_key_value_heads, config.head_dim)
-            layers.append(AttentionCache(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype)))
+            layers.append(
+                AttentionCache(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype))
+            )
         else:
-            layers.append(DeltaNetCache(
-                conv_state=jnp.zeros(
-                    (batch_size, config.linear_conv_kernel_dim - 1, config.linear_conv_dim), dtype),
-                recurrent_state=jnp.zeros(
-                    (batch_size, config.linear_num_value_heads, config.linear_key_head_dim,
-                     config.linear_value_head_dim), jnp.float32)))
+            layers.append(
+                DeltaNetCache(
+                    conv_state=jnp.zeros(
+                        (batch_size, config.linear_conv_kernel_dim - 1, config.linear_conv_dim),
+                        dtype,
+                    ),
+                    recurrent_state=jnp.zeros(
+                        (
+                            batch_size,
+                            config.linear_num_value_heads,
+                            config.linear_key_head_dim,
+                            config.linear_value_head_dim,
+                        ),
+                        jnp.float32,
+                    ),
+                )
+            )
     return DecodeCache(
         layers=tuple(layers),
         key_valid=jnp.zeros((batch_size, max_length), bool),

@@ -95,50 +95,73 @@ class ModelConfig:
         if self.family not in ("qwen3_5", "qwen3"):
             raise ValueError(f"family must be 'qwen3_5' or 'qwen3'; got {self.family!r}.")
         if not self.layer_types:
-            object.__setattr__(self, "layer_types", default_layer_types(self.family, self.num_hidden_layers))
+            object.__setattr__(
+                self, "layer_types", default_layer_types(self.family, self.num_hidden_layers)
+            )
         else:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
         object.__setattr__(self, "eos_token_ids", tuple(int(e) for e in self.eos_token_ids))
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "gdn_chunk_size",
-                     "logits_chunk_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "gdn_chunk_size",
+            "logits_chunk_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}.")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention.")
+                f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention."
+            )
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(
                 f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is "
-                f"{self.num_hidden_layers}; give one type per layer.")
+                f"{self.num_hidden_layers}; give one type per layer."
+            )
         bad = sorted({t for t in self.layer_types if t not in _LAYER_TYPES})
         if bad:
             raise ValueError(f"Unsupported layer_types {bad}; supported: {list(_LAYER_TYPES)}.")
         if self.family == "qwen3" and "linear_attention" in self.layer_types:
             raise ValueError("Qwen3 dense has only 'full_attention' layers; set family='qwen3_5'.")
         if not 0.0 < self.partial_rotary_factor <= 1.0:
-            raise ValueError(f"partial_rotary_factor must be in (0, 1]; got {self.partial_rotary_factor}.")
+            raise ValueError(
+                f"partial_rotary_factor must be in (0, 1]; got {self.partial_rotary_factor}."
+            )
         if self.rotary_dim % 2:
             raise ValueError(
-                f"rotary dim int(head_dim * partial_rotary_factor) = {self.rotary_dim} must be even.")
+                f"rotary dim int(head_dim * partial_rotary_factor) = {self.rotary_dim} must be even."
+            )
         if self.has_linear_attention:
-            for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                         "linear_value_head_dim", "linear_conv_kernel_dim"):
+            for name in (
+                "linear_num_key_heads",
+                "linear_num_value_heads",
+                "linear_key_head_dim",
+                "linear_value_head_dim",
+                "linear_conv_kernel_dim",
+            ):
                 value = getattr(self, name)
                 if not isinstance(value, int) or value <= 0:
                     raise ValueError(
                         f"ModelConfig.{name} must be a positive int when layers use linear "
-                        f"attention; got {value!r}.")
+                        f"attention; got {value!r}."
+                    )
             if self.linear_num_value_heads % self.linear_num_key_heads:
                 raise ValueError(
                     f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
-                    f"linear_num_key_heads ({self.linear_num_key_heads}).")
+                    f"linear_num_key_heads ({self.linear_num_key_heads})."
+                )
         if self.dtype not in _DTYPES or self.param_dtype not in _DTYPES:
             raise ValueError(
                 f"dtype and param_dtype must be one of {_DTYPES}; got {self.dtype!r}, "
-                f"{self.param_dtype!r}.")
+                f"{self.param_dtype!r}."
+            )
         if self.remat not in _REMAT:
             raise ValueError(f"remat must be one of {_REMAT}; got {self.remat!r}.")
 
@@ -172,8 +195,10 @@ class ModelConfig:
     @property
     def linear_conv_dim(self) -> int:
         """Channels of the DeltaNet depthwise conv: [Q | K | V] = 2·Hk·Dk + Hv·Dv."""
-        return (2 * self.linear_num_key_heads * self.linear_key_head_dim
-                + self.linear_num_value_heads * self.linear_value_head_dim)
+        return (
+            2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
+        )
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -195,7 +220,8 @@ class ModelConfig:
                 hf = json.load(f)
         except FileNotFoundError as e:
             raise FileNotFoundError(
-                f"No HF config at {path}; point to a checkpoint directory with config.json.") from e
+                f"No HF config at {path}; point to a checkpoint directory with config.json."
+            ) from e
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON ({e}); re-export the checkpoint.") from e
         return cls.from_hf_dict(hf, **overrides)
@@ -205,7 +231,9 @@ class ModelConfig:
         rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
         out: dict[str, Any] = {
             "model_type": "qwen3_5_text" if self.family == "qwen3_5" else "qwen3",
-            "architectures": ["Qwen3_5ForCausalLM" if self.family == "qwen3_5" else "Qwen3ForCausalLM"],
+            "architectures": [
+                "Qwen3_5ForCausalLM" if self.family == "qwen3_5" else "Qwen3ForCausalLM"
+            ],
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -221,8 +249,11 @@ class ModelConfig:
             "initializer_range": self.initializer_range,
             "layer_types": list(self.layer_types),
             "pad_token_id": self.pad_token_id,
-            "eos_token_id": (list(self.eos_token_ids) if len(self.eos_token_ids) > 1
-                             else (self.eos_token_ids[0] if self.eos_token_ids else None)),
+            "eos_token_id": (
+                list(self.eos_token_ids)
+                if len(self.eos_token_ids) > 1
+                else (self.eos_token_ids[0] if self.eos_token_ids else None)
+            ),
             "rope_parameters": rope,
         }
         if self.family == "qwen3_5":
@@ -245,46 +276,85 @@ class ModelConfig:
     @classmethod
     def tiny_qwen3_5(cls, **overrides: Any) -> ModelConfig:
         """4 layers (3 DeltaNet + 1 attention), Hv > Hk; for tests."""
-        base = dict(
-            family="qwen3_5", vocab_size=300, hidden_size=64, intermediate_size=128,
-            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            rope_theta=10_000.0, partial_rotary_factor=0.25,
-            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-            linear_value_head_dim=8, linear_conv_kernel_dim=4, tie_word_embeddings=False,
-            dtype="float32", param_dtype="float32")
+        base = {
+            "family": "qwen3_5",
+            "vocab_size": 300,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "rope_theta": 10_000.0,
+            "partial_rotary_factor": 0.25,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 8,
+            "linear_conv_kernel_dim": 4,
+            "tie_word_embeddings": False,
+            "dtype": "float32",
+            "param_dtype": "float32",
+        }
         return cls(**{**base, **overrides})
 
     @classmethod
     def tiny_qwen3(cls, **overrides: Any) -> ModelConfig:
         """2 dense layers; for tests."""
-        base = dict(
-            family="qwen3", vocab_size=300, hidden_size=64, intermediate_size=128,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            rope_theta=1_000_000.0, tie_word_embeddings=True, dtype="float32",
-            param_dtype="float32")
+        base = {
+            "family": "qwen3",
+            "vocab_size": 300,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "rope_theta": 1_000_000.0,
+            "tie_word_embeddings": True,
+            "dtype": "float32",
+            "param_dtype": "float32",
+        }
         return cls(**{**base, **overrides})
 
     @classmethod
     def qwen3_5_4b(cls, **overrides: Any) -> ModelConfig:
         """Qwen3.5-4B text model (reference §3.2); weights come from the checkpoint."""
-        base = dict(
-            family="qwen3_5", vocab_size=248320, hidden_size=2560, intermediate_size=9216,
-            num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
-            rms_norm_eps=1e-6, rope_theta=10_000_000.0, partial_rotary_factor=0.25,
-            max_position_embeddings=262144,
-            linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-            linear_value_head_dim=128, linear_conv_kernel_dim=4, tie_word_embeddings=True,
-            pad_token_id=248044, eos_token_ids=(248046, 248044))
+        base = {
+            "family": "qwen3_5",
+            "vocab_size": 248320,
+            "hidden_size": 2560,
+            "intermediate_size": 9216,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "max_position_embeddings": 262144,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "tie_word_embeddings": True,
+            "pad_token_id": 248044,
+            "eos_token_ids": (248046, 248044),
+        }
         return cls(**{**base, **overrides})
 
 
-def default_layer_types(family: Family, num_layers: int, full_attention_interval: int = 4
-                        ) -> tuple[LayerType, ...]:
+def default_layer_types(
+    family: Family, num_layers: int, full_attention_interval: int = 4
+) -> tuple[LayerType, ...]:
     """Qwen3.5: every `full_attention_interval`-th layer (3, 7, ...) is full attention."""
     if family == "qwen3":
         return ("full_attention",) * num_layers
-    return tuple("full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention"
-                 for i in range(num_layers))
+    return tuple(
+        "full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention"
+        for i in range(num_layers)
+    )
 
 
 def _fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -293,8 +363,10 @@ def _fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     top = hf
     if model_type == "qwen3_5":
         if "text_config" not in hf:
-            raise ValueError("config.json has model_type 'qwen3_5' but no text_config; "
-                             "pass the Qwen3_5ForConditionalGeneration config unmodified.")
+            raise ValueError(
+                "config.json has model_type 'qwen3_5' but no text_config; "
+                "pass the Qwen3_5ForConditionalGeneration config unmodified."
+            )
         if hf.get("vision_config"):
             logger.info("Ignoring vision_config: only the Qwen3.5 text model is built.")
         eos += _as_list(hf.get("eos_token_id"))
@@ -307,7 +379,8 @@ def _fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     else:
         raise ValueError(
             f"Unsupported model_type {model_type!r}; supported: 'qwen3_5' (with text_config), "
-            "'qwen3_5_text' and 'qwen3'. MoE variants (qwen3_5_moe, qwen3_next) are not built.")
+            "'qwen3_5_text' and 'qwen3'. MoE variants (qwen3_5_moe, qwen3_next) are not built."
+        )
 
     def need(key: str) -> Any:
         if key not in hf:
@@ -326,7 +399,9 @@ def _fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"rope_type {rope_type!r} is not supported; only 'default' RoPE is built.")
     theta = rope.get("rope_theta", hf.get("rope_theta"))
     if theta is None:
-        raise ValueError(f"HF config ({model_type}) has no rope_theta in rope_parameters or top level.")
+        raise ValueError(
+            f"HF config ({model_type}) has no rope_theta in rope_parameters or top level."
+        )
     default_partial = 0.25 if family == "qwen3_5" else 1.0
     partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", default_partial))
 
@@ -335,33 +410,37 @@ def _fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     layer_types = hf.get("layer_types")
     if family == "qwen3":
         if layer_types and any(t != "full_attention" for t in layer_types):
-            raise ValueError("Qwen3 layer_types other than 'full_attention' (sliding) are not supported.")
+            raise ValueError(
+                "Qwen3 layer_types other than 'full_attention' (sliding) are not supported."
+            )
         layer_types = None
     elif not layer_types:
         layer_types = default_layer_types(family, num_layers, hf.get("full_attention_interval", 4))
 
     eos = eos + _as_list(hf.get("eos_token_id"))  # the wrapper's (chat) EOS first
-    fields: dict[str, Any] = dict(
-        family=family,
-        vocab_size=need("vocab_size"),
-        hidden_size=need("hidden_size"),
-        intermediate_size=need("intermediate_size"),
-        num_hidden_layers=num_layers,
-        num_attention_heads=heads,
-        num_key_value_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or need("hidden_size") // heads,
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(theta),
-        partial_rotary_factor=float(partial),
-        max_position_embeddings=hf.get("max_position_embeddings", 32768),
-        layer_types=tuple(layer_types) if layer_types else (),
+    fields: dict[str, Any] = {
+        "family": family,
+        "vocab_size": need("vocab_size"),
+        "hidden_size": need("hidden_size"),
+        "intermediate_size": need("intermediate_size"),
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": hf.get("num_key_value_heads") or heads,
+        "head_dim": hf.get("head_dim") or need("hidden_size") // heads,
+        "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+        "rope_theta": float(theta),
+        "partial_rotary_factor": float(partial),
+        "max_position_embeddings": hf.get("max_position_embeddings", 32768),
+        "layer_types": tuple(layer_types) if layer_types else (),
         # The VLM wrapper owns the lm_head, so its top-level flag wins over text_config's.
-        tie_word_embeddings=bool(top.get("tie_word_embeddings", hf.get("tie_word_embeddings", False))),
-        attention_bias=bool(hf.get("attention_bias", False)),
-        initializer_range=float(hf.get("initializer_range", 0.02)),
-        pad_token_id=hf.get("pad_token_id", top.get("pad_token_id")),
-        eos_token_ids=tuple(dict.fromkeys(eos)),
-    )
+        "tie_word_embeddings": bool(
+            top.get("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+        ),
+        "attention_bias": bool(hf.get("attention_bias", False)),
+        "initializer_range": float(hf.get("initializer_range", 0.02)),
+        "pad_token_id": hf.get("pad_token_id", top.get("pad_token_id")),
+        "eos_token_ids": tuple(dict.fromkeys(eos)),
+    }
     if family == "qwen3_5":
         fields.update(
             linear_num_key_heads=need("linear_num_key_heads"),

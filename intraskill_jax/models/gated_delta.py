@@ -47,9 +47,16 @@ def _zero_state(v: jax.Array, dk: int) -> jax.Array:
     return jnp.zeros((b, h, dk, dv), jnp.float32)
 
 
-def recurrent_gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
-                               beta: jax.Array, initial_state: jax.Array | None = None, *,
-                               use_qk_l2norm: bool = True) -> tuple[jax.Array, jax.Array]:
+def recurrent_gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    initial_state: jax.Array | None = None,
+    *,
+    use_qk_l2norm: bool = True,
+) -> tuple[jax.Array, jax.Array]:
     """Token-by-token gated delta rule (`lax.scan` over T).
 
     Per step, with state S [Dk, Dv]:
@@ -63,7 +70,9 @@ def recurrent_gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.
     """
     out_dtype = v.dtype
     q, k, v, g, beta = _prepare(q, k, v, g, beta, use_qk_l2norm)
-    state = _zero_state(v, k.shape[-1]) if initial_state is None else initial_state.astype(jnp.float32)
+    state = (
+        _zero_state(v, k.shape[-1]) if initial_state is None else initial_state.astype(jnp.float32)
+    )
 
     def step(s, xs):
         q_t, k_t, v_t, g_t, b_t = xs  # [B, H, Dk], [B, H, Dk], [B, H, Dv], [B, H], [B, H]
@@ -79,10 +88,17 @@ def recurrent_gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.
     return jnp.moveaxis(o, 0, 1).astype(out_dtype), state
 
 
-def chunk_gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
-                           beta: jax.Array, initial_state: jax.Array | None = None, *,
-                           chunk_size: int = 64, use_qk_l2norm: bool = True
-                           ) -> tuple[jax.Array, jax.Array]:
+def chunk_gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    initial_state: jax.Array | None = None,
+    *,
+    chunk_size: int = 64,
+    use_qk_l2norm: bool = True,
+) -> tuple[jax.Array, jax.Array]:
     """Chunked gated delta rule; equal to `recurrent_gated_delta_rule` up to rounding.
 
     T is zero-padded to a multiple of the chunk length L (β = g = 0 there, so padding neither
@@ -124,7 +140,7 @@ def chunk_gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Arra
         return jnp.moveaxis(a, 3, 1)
 
     q, k, v, g, beta = (chunked(a) for a in (q, k, v, g, beta))
-    cum = jnp.cumsum(g, axis=-1)                                    # G [B, H, N, L]
+    cum = jnp.cumsum(g, axis=-1)  # G [B, H, N, L]
     lower = jnp.tril(jnp.ones((chunk_size, chunk_size), bool))
     diff = cum[..., :, None] - cum[..., None, :]
     decay = jnp.where(lower, jnp.exp(jnp.where(lower, diff, 0.0)), 0.0)  # P [B, H, N, L, L]
@@ -134,33 +150,38 @@ def chunk_gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Arra
     a_mat = jnp.einsum("...id,...jd->...ij", k_beta, k, precision=_HIGHEST) * decay
     # triangular_solve reads only the strictly lower part when unit_diagonal=True: M = I + tril(A, -1).
     solve = lambda rhs: jax.lax.linalg.triangular_solve(
-        a_mat, rhs, left_side=True, lower=True, unit_diagonal=True)
-    u = solve(v_beta)                                               # [B, H, N, L, Dv]
-    w = solve(k_beta * jnp.exp(cum)[..., None])                     # [B, H, N, L, Dk]
+        a_mat, rhs, left_side=True, lower=True, unit_diagonal=True
+    )
+    u = solve(v_beta)  # [B, H, N, L, Dv]
+    w = solve(k_beta * jnp.exp(cum)[..., None])  # [B, H, N, L, Dk]
     intra = jnp.einsum("...id,...jd->...ij", q, k, precision=_HIGHEST) * decay
     q_decayed = q * jnp.exp(cum)[..., None]
     k_decayed = k * jnp.exp(cum[..., -1:] - cum)[..., None]
-    chunk_decay = jnp.exp(cum[..., -1])                             # [B, H, N]
+    chunk_decay = jnp.exp(cum[..., -1])  # [B, H, N]
 
     def step(s, xs):
         u_c, w_c, intra_c, q_c, k_c, decay_c = xs
         v_new = u_c - jnp.einsum("bhlk,bhkv->bhlv", w_c, s, precision=_HIGHEST)
-        o_c = (jnp.einsum("bhlk,bhkv->bhlv", q_c, s, precision=_HIGHEST)
-               + jnp.einsum("bhij,bhjv->bhiv", intra_c, v_new, precision=_HIGHEST))
-        s = s * decay_c[..., None, None] + jnp.einsum("bhlk,bhlv->bhkv", k_c, v_new,
-                                                      precision=_HIGHEST)
+        o_c = jnp.einsum("bhlk,bhkv->bhlv", q_c, s, precision=_HIGHEST) + jnp.einsum(
+            "bhij,bhjv->bhiv", intra_c, v_new, precision=_HIGHEST
+        )
+        s = s * decay_c[..., None, None] + jnp.einsum(
+            "bhlk,bhlv->bhkv", k_c, v_new, precision=_HIGHEST
+        )
         return s, o_c
 
-    chunk_major = tuple(jnp.moveaxis(a, 2, 0)
-                        for a in (u, w, intra, q_decayed, k_decayed, chunk_decay))
-    state, o = jax.lax.scan(step, state, chunk_major)               # o [N, B, H, L, Dv]
+    chunk_major = tuple(
+        jnp.moveaxis(a, 2, 0) for a in (u, w, intra, q_decayed, k_decayed, chunk_decay)
+    )
+    state, o = jax.lax.scan(step, state, chunk_major)  # o [N, B, H, L, Dv]
     o = jnp.moveaxis(o, 0, 2).reshape(b, h, n * chunk_size, dv)
     o = jnp.moveaxis(o, 1, 2)[:, :t]
     return o.astype(out_dtype), state
 
 
-def causal_conv1d(x: jax.Array, weight: jax.Array, state: jax.Array | None = None,
-                  mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def causal_conv1d(
+    x: jax.Array, weight: jax.Array, state: jax.Array | None = None, mask: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """Causal depthwise conv followed by SiLU, with its decode state.
 
         y[t, c] = silu(Σ_{j<K} w[c, 0, j] · x̃[t + j, c]),   x̃ = concat(state, x) along time,
@@ -186,13 +207,13 @@ def causal_conv1d(x: jax.Array, weight: jax.Array, state: jax.Array | None = Non
     if state is None:
         state = jnp.zeros((b, kernel - 1, c), x.dtype)
     if mask is not None:
-        order = jnp.argsort(~mask, axis=1, stable=True)             # real tokens first
+        order = jnp.argsort(~mask, axis=1, stable=True)  # real tokens first
         x = jnp.take_along_axis(x, order[..., None], axis=1)
         num_real = jnp.sum(mask, axis=1, dtype=jnp.int32)
         x = jnp.where((jnp.arange(t) < num_real[:, None])[..., None], x, 0)
     padded = jnp.concatenate([state.astype(weight.dtype), x.astype(weight.dtype)], axis=1)
-    w = weight[:, 0, :]                                             # [C, K]
-    y = jax.nn.silu(sum(padded[:, j:j + t, :] * w[:, j] for j in range(kernel))).astype(x.dtype)
+    w = weight[:, 0, :]  # [C, K]
+    y = jax.nn.silu(sum(padded[:, j : j + t, :] * w[:, j] for j in range(kernel))).astype(x.dtype)
     if mask is None:
         return y, padded[:, t:, :].astype(x.dtype)
     # Rows of x̃ after the last real token are the window of the new state.

@@ -27,8 +27,11 @@ def param(value: jax.Array, axes: Axes) -> nnx.Param:
     Flax shards at creation only when eager sharding is on *and* a mesh and logical axis rules are
     active; otherwise the names stay metadata that `models.sharding` turns into shardings.
     """
-    eager = (nnx.using_eager_sharding() and bool(spmd.get_logical_axis_rules())
-             and not jax.sharding.get_abstract_mesh().empty)
+    eager = (
+        nnx.using_eager_sharding()
+        and bool(spmd.get_logical_axis_rules())
+        and not jax.sharding.get_abstract_mesh().empty
+    )
     return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=eager)
 
 
@@ -41,9 +44,18 @@ def constrain(x: jax.Array, axes: Axes) -> jax.Array:
 class Linear(nnx.Module):
     """y = x @ weight.T (+ bias); weight [out_features, in_features] as in torch."""
 
-    def __init__(self, in_features: int, out_features: int, *, axes: Axes, use_bias: bool = False,
-                 dtype: jnp.dtype = jnp.float32, param_dtype: jnp.dtype = jnp.float32,
-                 init_std: float = 0.02, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        axes: Axes,
+        use_bias: bool = False,
+        dtype: jnp.dtype = jnp.float32,
+        param_dtype: jnp.dtype = jnp.float32,
+        init_std: float = 0.02,
+        rngs: nnx.Rngs,
+    ):
         self.dtype = dtype
         w = init_std * jax.random.normal(rngs.params(), (out_features, in_features), param_dtype)
         self.weight = param(w, axes)
@@ -59,8 +71,16 @@ class Linear(nnx.Module):
 class Embedding(nnx.Module):
     """Token embedding, weight [vocab, hidden]; `attend` gives tied-head logits."""
 
-    def __init__(self, num_embeddings: int, features: int, *, dtype: jnp.dtype,
-                 param_dtype: jnp.dtype, init_std: float = 0.02, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        num_embeddings: int,
+        features: int,
+        *,
+        dtype: jnp.dtype,
+        param_dtype: jnp.dtype,
+        init_std: float = 0.02,
+        rngs: nnx.Rngs,
+    ):
         self.dtype = dtype
         w = init_std * jax.random.normal(rngs.params(), (num_embeddings, features), param_dtype)
         self.weight = param(w, ("vocab", "embed"))
@@ -77,8 +97,9 @@ class RMSNorm(nnx.Module):
     Here x̂ = x · rsqrt(mean(x²) + eps).
     """
 
-    def __init__(self, dim: int, *, eps: float, zero_centered: bool,
-                 param_dtype: jnp.dtype = jnp.float32):
+    def __init__(
+        self, dim: int, *, eps: float, zero_centered: bool, param_dtype: jnp.dtype = jnp.float32
+    ):
         self.eps = eps
         self.zero_centered = zero_centered
         init = jnp.zeros if zero_centered else jnp.ones
@@ -113,9 +134,17 @@ class GatedRMSNorm(nnx.Module):
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) · up(x)), no biases."""
 
-    def __init__(self, hidden: int, intermediate: int, *, dtype: jnp.dtype, param_dtype: jnp.dtype,
-                 init_std: float, rngs: nnx.Rngs):
-        kw = dict(dtype=dtype, param_dtype=param_dtype, init_std=init_std, rngs=rngs)
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        *,
+        dtype: jnp.dtype,
+        param_dtype: jnp.dtype,
+        init_std: float,
+        rngs: nnx.Rngs,
+    ):
+        kw = {"dtype": dtype, "param_dtype": param_dtype, "init_std": init_std, "rngs": rngs}
         self.gate_proj = Linear(hidden, intermediate, axes=("mlp", "embed"), **kw)
         self.up_proj = Linear(hidden, intermediate, axes=("mlp", "embed"), **kw)
         self.down_proj = Linear(intermediate, hidden, axes=("embed", "mlp"), **kw)
@@ -126,7 +155,9 @@ class MLP(nnx.Module):
 
 
 # --------------------------------------------------------------------------- rotary embedding
-def rope_cos_sin(positions: jax.Array, rotary_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+def rope_cos_sin(
+    positions: jax.Array, rotary_dim: int, theta: float
+) -> tuple[jax.Array, jax.Array]:
     """NeoX RoPE tables for integer positions [B, T]: cos, sin of shape [B, T, rotary_dim].
 
     inv_freq_j = theta^(-2j / rotary_dim), j < rotary_dim/2, duplicated to rotary_dim. With
@@ -163,26 +194,51 @@ class Attention(nnx.Module):
     output is multiplied by sigmoid(gate) before o_proj.
     """
 
-    def __init__(self, *, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 output_gate: bool, zero_centered_norm: bool, eps: float, use_bias: bool,
-                 dtype: jnp.dtype, param_dtype: jnp.dtype, init_std: float, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        *,
+        hidden: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        output_gate: bool,
+        zero_centered_norm: bool,
+        eps: float,
+        use_bias: bool,
+        dtype: jnp.dtype,
+        param_dtype: jnp.dtype,
+        init_std: float,
+        rngs: nnx.Rngs,
+    ):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.output_gate = output_gate
         self.dtype = dtype
-        kw = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, init_std=init_std, rngs=rngs)
+        kw = {
+            "use_bias": use_bias,
+            "dtype": dtype,
+            "param_dtype": param_dtype,
+            "init_std": init_std,
+            "rngs": rngs,
+        }
         q_out = num_heads * head_dim * (2 if output_gate else 1)
         self.q_proj = Linear(hidden, q_out, axes=("q_heads_dim", "embed"), **kw)
         self.k_proj = Linear(hidden, num_kv_heads * head_dim, axes=("kv_heads_dim", "embed"), **kw)
         self.v_proj = Linear(hidden, num_kv_heads * head_dim, axes=("kv_heads_dim", "embed"), **kw)
         self.o_proj = Linear(num_heads * head_dim, hidden, axes=("embed", "q_heads_dim"), **kw)
-        norm_kw = dict(eps=eps, zero_centered=zero_centered_norm, param_dtype=param_dtype)
+        norm_kw = {"eps": eps, "zero_centered": zero_centered_norm, "param_dtype": param_dtype}
         self.q_norm = RMSNorm(head_dim, **norm_kw)
         self.k_norm = RMSNorm(head_dim, **norm_kw)
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, *, key_valid: jax.Array,
-                 kv_cache: tuple[jax.Array, jax.Array] | None = None,
-                 cache_index: jax.Array | int = 0
-                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    def __call__(
+        self,
+        x: jax.Array,
+        cos: jax.Array,
+        sin: jax.Array,
+        *,
+        key_valid: jax.Array,
+        kv_cache: tuple[jax.Array, jax.Array] | None = None,
+        cache_index: jax.Array | int = 0,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """Args:
           x: [B, T, hidden]; cos, sin: [B, T, rotary_dim].
           key_valid: [B, S] bool, which key slots hold real tokens (S = T without a cache, else
@@ -205,20 +261,25 @@ class Attention(nnx.Module):
         q = constrain(q, ("batch", "seq", "heads", None))
 
         if kv_cache is not None:
-            k_all = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype),
-                                                        cache_index, axis=1)
-            v_all = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype),
-                                                        cache_index, axis=1)
+            k_all = jax.lax.dynamic_update_slice_in_dim(
+                kv_cache[0], k.astype(kv_cache[0].dtype), cache_index, axis=1
+            )
+            v_all = jax.lax.dynamic_update_slice_in_dim(
+                kv_cache[1], v.astype(kv_cache[1].dtype), cache_index, axis=1
+            )
             new_cache = (k_all, v_all)
         else:
             k_all, v_all, new_cache = k, v, None
         query_slots = cache_index + jnp.arange(t)
         mask = attention_mask(query_slots, key_valid)
         out = jax.nn.dot_product_attention(
-            q.astype(self.dtype), k_all.astype(self.dtype), v_all.astype(self.dtype),
-            mask=mask, scale=d ** -0.5)
+            q.astype(self.dtype),
+            k_all.astype(self.dtype),
+            v_all.astype(self.dtype),
+            mask=mask,
+            scale=d**-0.5,
+        )
         out = out.reshape(b, t, h * d)
         if gate is not None:
             out = out * jax.nn.sigmoid(gate)
         return self.o_proj(out), new_cache
-

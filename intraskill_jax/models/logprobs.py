@@ -13,10 +13,16 @@ import jax.numpy as jnp
 from intraskill_jax.models.qwen3_5 import CausalLM
 
 
-def logprobs_from_hidden(hidden: jax.Array, output_embedding: jax.Array, targets: jax.Array, *,
-                         chunk_size: int = 512, temperature: float = 1.0,
-                         compute_dtype: jnp.dtype = jnp.float32, return_entropy: bool = False
-                         ) -> jax.Array | tuple[jax.Array, jax.Array]:
+def logprobs_from_hidden(
+    hidden: jax.Array,
+    output_embedding: jax.Array,
+    targets: jax.Array,
+    *,
+    chunk_size: int = 512,
+    temperature: float = 1.0,
+    compute_dtype: jnp.dtype = jnp.float32,
+    return_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """log softmax(h_t Wᵀ / temperature)[targets_t] for every position.
 
     Args:
@@ -37,15 +43,19 @@ def logprobs_from_hidden(hidden: jax.Array, output_embedding: jax.Array, targets
         hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
         targets = jnp.pad(targets, ((0, 0), (0, pad)))
     n = (t + pad) // chunk
-    hs = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)           # [N, B, c, h]
-    ts = targets.reshape(b, n, chunk).swapaxes(0, 1)             # [N, B, c]
+    hs = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)  # [N, B, c, h]
+    ts = targets.reshape(b, n, chunk).swapaxes(0, 1)  # [N, B, c]
     w = output_embedding.astype(compute_dtype)
 
     @jax.checkpoint  # keep only the chunk inputs for the backward pass, not [B, c, V] logits
     def one(xs):
         h_c, t_c = xs
-        logits = jnp.einsum("bcd,vd->bcv", h_c.astype(compute_dtype), w,
-                            preferred_element_type=jnp.float32) / temperature
+        logits = (
+            jnp.einsum(
+                "bcd,vd->bcv", h_c.astype(compute_dtype), w, preferred_element_type=jnp.float32
+            )
+            / temperature
+        )
         lse = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, t_c[..., None].astype(jnp.int32), axis=-1)[..., 0]
         if not return_entropy:
@@ -60,10 +70,17 @@ def logprobs_from_hidden(hidden: jax.Array, output_embedding: jax.Array, targets
     return lp, ent.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
 
 
-def token_logprobs(model: CausalLM, input_ids: jax.Array, targets: jax.Array,
-                   attention_mask: jax.Array | None = None, *, chunk_size: int | None = None,
-                   temperature: float = 1.0, positions: jax.Array | None = None,
-                   return_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+def token_logprobs(
+    model: CausalLM,
+    input_ids: jax.Array,
+    targets: jax.Array,
+    attention_mask: jax.Array | None = None,
+    *,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+    positions: jax.Array | None = None,
+    return_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Log-prob of `targets[b, t]` under the model's next-token distribution after input_ids[b, :t+1].
 
     For teacher forcing pass `targets = input_ids` shifted left by one (the last column is then
@@ -80,9 +97,14 @@ def token_logprobs(model: CausalLM, input_ids: jax.Array, targets: jax.Array,
     """
     hidden, _ = model.hidden_states(input_ids, attention_mask, positions=positions)
     out = logprobs_from_hidden(
-        hidden, model.output_embedding(), targets,
-        chunk_size=chunk_size or model.config.logits_chunk_size, temperature=temperature,
-        compute_dtype=model.config.compute_dtype, return_entropy=return_entropy)
+        hidden,
+        model.output_embedding(),
+        targets,
+        chunk_size=chunk_size or model.config.logits_chunk_size,
+        temperature=temperature,
+        compute_dtype=model.config.compute_dtype,
+        return_entropy=return_entropy,
+    )
     if attention_mask is None:
         return out
     keep = attention_mask.astype(bool)

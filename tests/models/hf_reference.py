@@ -13,7 +13,12 @@ from intraskill_jax.models import ModelConfig, causal_lm_class
 def build_hf_model(config: ModelConfig, seed: int = 0) -> torch.nn.Module:
     """HF `Qwen3_5ForCausalLM` / `Qwen3ForCausalLM` for `config`, fp32, eager attention, with every
     norm weight, A_log, dt_bias and bias randomised (default inits hide (1+w) vs w mistakes)."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        Qwen3_5ForCausalLM,
+        Qwen3_5TextConfig,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     torch.manual_seed(seed)
     hf = config.to_hf_dict()
@@ -71,7 +76,9 @@ def hf_logits(ref: torch.nn.Module, ids: np.ndarray, mask: np.ndarray | None) ->
     kwargs = {}
     if mask is not None:
         kwargs["attention_mask"] = torch.tensor(mask, dtype=torch.long)
-        kwargs["position_ids"] = torch.tensor(np.maximum(np.cumsum(mask, 1) - 1, 0), dtype=torch.long)
+        kwargs["position_ids"] = torch.tensor(
+            np.maximum(np.cumsum(mask, 1) - 1, 0), dtype=torch.long
+        )
     with torch.no_grad():
         return ref(input_ids=torch.tensor(ids, dtype=torch.long), **kwargs).logits.numpy()
 

@@ -7,28 +7,61 @@ import pytest
 from intraskill_jax.models import ModelConfig
 
 TEXT_4B = {
-    "model_type": "qwen3_5_text", "attention_bias": False, "attn_output_gate": True,
-    "eos_token_id": 248044, "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu",
-    "hidden_size": 2560, "intermediate_size": 9216, "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-    "linear_value_head_dim": 128, "max_position_embeddings": 262144, "mamba_ssm_dtype": "float32",
-    "mlp_only_layers": [], "mtp_num_hidden_layers": 1, "num_attention_heads": 16,
-    "num_hidden_layers": 32, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
-    "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
-                        "rope_type": "default", "rope_theta": 10000000,
-                        "partial_rotary_factor": 0.25},
+    "model_type": "qwen3_5_text",
+    "attention_bias": False,
+    "attn_output_gate": True,
+    "eos_token_id": 248044,
+    "full_attention_interval": 4,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "hidden_size": 2560,
+    "intermediate_size": 9216,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144,
+    "mamba_ssm_dtype": "float32",
+    "mlp_only_layers": [],
+    "mtp_num_hidden_layers": 1,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {
+        "mrope_interleaved": True,
+        "mrope_section": [11, 11, 10],
+        "rope_type": "default",
+        "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25,
+    },
     "vocab_size": 248320,
 }
 VLM_4B = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-    "eos_token_id": 248046, "pad_token_id": 248044, "tie_word_embeddings": True,
-    "text_config": TEXT_4B, "vision_config": {"model_type": "qwen3_5", "depth": 24},
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "eos_token_id": 248046,
+    "pad_token_id": 248044,
+    "tie_word_embeddings": True,
+    "text_config": TEXT_4B,
+    "vision_config": {"model_type": "qwen3_5", "depth": 24},
 }
 QWEN3_4B = {
-    "model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000,
-    "vocab_size": 151936, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "hidden_act": "silu",
-    "eos_token_id": 151645, "use_sliding_window": False,
+    "model_type": "qwen3",
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rope_theta": 1000000,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "eos_token_id": 151645,
+    "use_sliding_window": False,
 }
 
 
@@ -61,17 +94,26 @@ def test_qwen3_layout_with_legacy_rope_theta(tmp_path):
 @pytest.mark.parametrize("make", [ModelConfig.tiny_qwen3_5, ModelConfig.tiny_qwen3])
 def test_hf_dict_round_trip(make):
     cfg = make()
-    assert ModelConfig.from_hf_dict(cfg.to_hf_dict(), dtype=cfg.dtype, param_dtype=cfg.param_dtype) == cfg
+    assert (
+        ModelConfig.from_hf_dict(cfg.to_hf_dict(), dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+        == cfg
+    )
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"model_type": "qwen3_next"}, "Unsupported model_type"),
-    ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
-    ({"linear_num_value_heads": 20, "linear_num_key_heads": 16}, "multiple of linear_num_key_heads"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type 'yarn'"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"layer_types": ["full_attention"]}, "one type per layer"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"model_type": "qwen3_next"}, "Unsupported model_type"),
+        ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+        (
+            {"linear_num_value_heads": 20, "linear_num_key_heads": 16},
+            "multiple of linear_num_key_heads",
+        ),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type 'yarn'"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"layer_types": ["full_attention"]}, "one type per layer"),
+    ],
+)
 def test_invalid_configs_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_hf_dict({**TEXT_4B, **change})
@@ -92,6 +134,13 @@ def test_missing_field_and_bad_own_fields():
 
 def test_dtype_default_follows_backend():
     cfg = ModelConfig(
-        family="qwen3", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-        num_attention_heads=1, num_key_value_heads=1, head_dim=8)
+        family="qwen3",
+        vocab_size=8,
+        hidden_size=8,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
     assert cfg.dtype == cfg.param_dtype == "float32"  # tests run on CPU

@@ -34,8 +34,15 @@ def test_matches_transformers_reference(length):
     q, k, v, g, beta, state = _inputs(length, seed=length)
     t = torch.tensor
     ref_o, ref_s = hf.torch_recurrent_gated_delta_rule(
-        t(q), t(k), t(v), t(g), t(beta), initial_state=t(state), output_final_state=True,
-        use_qk_l2norm_in_kernel=True)
+        t(q),
+        t(k),
+        t(v),
+        t(g),
+        t(beta),
+        initial_state=t(state),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
     for fn in (gd.recurrent_gated_delta_rule, gd.chunk_gated_delta_rule):
         o, s = jax.jit(fn)(q, k, v, g, beta, state)
         assert _rel(o, ref_o.numpy()) < 1e-5, fn.__name__
@@ -65,8 +72,9 @@ def test_chunked_equals_recurrent_with_gradients(length, chunk):
 def test_zero_initial_state_equals_none():
     q, k, v, g, beta, _ = _inputs(20, seed=3)
     o1, s1 = gd.chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=8)
-    o2, s2 = gd.chunk_gated_delta_rule(q, k, v, g, beta, np.zeros((2, HV, DK, DV), np.float32),
-                                       chunk_size=8)
+    o2, s2 = gd.chunk_gated_delta_rule(
+        q, k, v, g, beta, np.zeros((2, HV, DK, DV), np.float32), chunk_size=8
+    )
     np.testing.assert_allclose(o1, o2, rtol=1e-6)
     np.testing.assert_allclose(s1, s2, rtol=1e-6)
 
@@ -75,8 +83,13 @@ def test_causal_conv_matches_torch_and_continues_from_state():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2, 11, 6)).astype(np.float32)
     w = rng.normal(size=(6, 1, 4)).astype(np.float32)
-    ref = hf.causal_conv1d_fn(torch.tensor(x).transpose(1, 2), torch.tensor(w[:, 0]),
-                              activation="silu").transpose(1, 2).numpy()
+    ref = (
+        hf.causal_conv1d_fn(
+            torch.tensor(x).transpose(1, 2), torch.tensor(w[:, 0]), activation="silu"
+        )
+        .transpose(1, 2)
+        .numpy()
+    )
     y, state = gd.causal_conv1d(jnp.asarray(x), jnp.asarray(w))
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(state, x[:, -3:])

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from intraskill_jax.models import ModelConfig, Qwen3ForCausalLM, logprobs_from_hidden, token_logprobs
+from intraskill_jax.models import (
+    ModelConfig,
+    Qwen3ForCausalLM,
+    logprobs_from_hidden,
+    token_logprobs,
+)
 
 
 def _reference(hidden, w, targets, temperature):
@@ -22,17 +27,26 @@ def test_matches_full_log_softmax(length, chunk, temperature):
     hidden = jnp.asarray(rng.normal(size=(2, length, 8)), jnp.float32)
     w = jnp.asarray(rng.normal(size=(50, 8)), jnp.float32)
     targets = jnp.asarray(rng.integers(0, 50, size=(2, length)))
-    lp, ent = logprobs_from_hidden(hidden, w, targets, chunk_size=chunk, temperature=temperature,
-                                   return_entropy=True)
+    lp, ent = logprobs_from_hidden(
+        hidden, w, targets, chunk_size=chunk, temperature=temperature, return_entropy=True
+    )
     ref_lp, ref_ent = _reference(hidden, w, targets, temperature)
     np.testing.assert_allclose(lp, ref_lp, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ent, ref_ent, rtol=1e-5, atol=1e-5)
 
     weights = jnp.asarray(rng.normal(size=(2, length)), jnp.float32)
-    ours = jax.jit(jax.grad(lambda h, w: jnp.sum(weights * logprobs_from_hidden(
-        h, w, targets, chunk_size=chunk, temperature=temperature)), argnums=(0, 1)))(hidden, w)
-    ref = jax.grad(lambda h, w: jnp.sum(weights * _reference(h, w, targets, temperature)[0]),
-                   argnums=(0, 1))(hidden, w)
+    ours = jax.jit(
+        jax.grad(
+            lambda h, w: jnp.sum(
+                weights
+                * logprobs_from_hidden(h, w, targets, chunk_size=chunk, temperature=temperature)
+            ),
+            argnums=(0, 1),
+        )
+    )(hidden, w)
+    ref = jax.grad(
+        lambda h, w: jnp.sum(weights * _reference(h, w, targets, temperature)[0]), argnums=(0, 1)
+    )(hidden, w)
     for a, b in zip(ours, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 

@@ -22,8 +22,13 @@ def models(request):
 @pytest.mark.parametrize("length", [1, 63, 64, 65, 130])
 def test_logits_match_transformers(models, length):
     ref, ours = models
-    ids, mask = left_padded(np.random.default_rng(length), 3, length, CONFIG.vocab_size,
-                            [0, min(1, length - 1), min(17, length - 1)])
+    ids, mask = left_padded(
+        np.random.default_rng(length),
+        3,
+        length,
+        CONFIG.vocab_size,
+        [0, min(1, length - 1), min(17, length - 1)],
+    )
     got = np.asarray(_forward(ours, jnp.asarray(ids), jnp.asarray(mask)))
     assert rel_err(got, hf_logits(ref, ids, mask), mask) < 1e-4
 
@@ -36,7 +41,9 @@ def test_prefill_then_decode_equals_full_forward():
     logits, cache = _cached(model, jnp.asarray(ids[:, :10]), jnp.asarray(mask[:, :10]), cache)
     pieces = [np.asarray(logits)]
     for t in range(10, 24):
-        logits, cache = _cached(model, jnp.asarray(ids[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]), cache)
+        logits, cache = _cached(
+            model, jnp.asarray(ids[:, t : t + 1]), jnp.asarray(mask[:, t : t + 1]), cache
+        )
         pieces.append(np.asarray(logits))
     assert rel_err(np.concatenate(pieces, axis=1), full, mask) < 1e-5
 

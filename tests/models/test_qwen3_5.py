@@ -14,8 +14,9 @@ from tests.models.hf_reference import hf_logits, left_padded, paired_models, rel
 # Hv (4) > Hk (2), 3 DeltaNet layers + 1 attention layer; larger init so every path carries signal.
 CONFIG = ModelConfig.tiny_qwen3_5(initializer_range=0.1)
 # One layer of each kind and a 16-token chunk: multi-chunk prefill at short lengths, fast compiles.
-SMALL = CONFIG.replace(num_hidden_layers=2, layer_types=("linear_attention", "full_attention"),
-                       gdn_chunk_size=16)
+SMALL = CONFIG.replace(
+    num_hidden_layers=2, layer_types=("linear_attention", "full_attention"), gdn_chunk_size=16
+)
 
 _forward = nnx.jit(lambda m, ids, mask: m(ids, mask))
 _cached = nnx.jit(lambda m, ids, mask, cache: m(ids, mask, cache=cache))
@@ -49,8 +50,19 @@ def test_logits_match_transformers(models, length):
 
 def test_parameter_paths_are_hf_keys_with_logical_axes(models):
     ref, ours = models
-    vocabulary = {"vocab", "embed", "mlp", "q_heads_dim", "kv_heads_dim", "linear_qkv", "linear_z",
-                  "linear_heads", "conv_kernel", "norm", None}
+    vocabulary = {
+        "vocab",
+        "embed",
+        "mlp",
+        "q_heads_dim",
+        "kv_heads_dim",
+        "linear_qkv",
+        "linear_z",
+        "linear_heads",
+        "conv_kernel",
+        "norm",
+        None,
+    }
     flat = nnx.to_flat_state(nnx.state(ours, nnx.Param))
     assert {".".join(map(str, p)) for p, _ in flat} == set(ref.state_dict())
     for path, var in flat:
@@ -60,10 +72,14 @@ def test_parameter_paths_are_hf_keys_with_logical_axes(models):
 
 def _incremental(model, ids, mask, prompt_len, max_length=48):
     cache = init_cache(SMALL, ids.shape[0], max_length)
-    logits, cache = _cached(model, jnp.asarray(ids[:, :prompt_len]), jnp.asarray(mask[:, :prompt_len]), cache)
+    logits, cache = _cached(
+        model, jnp.asarray(ids[:, :prompt_len]), jnp.asarray(mask[:, :prompt_len]), cache
+    )
     pieces = [np.asarray(logits)]
     for t in range(prompt_len, ids.shape[1]):
-        logits, cache = _cached(model, jnp.asarray(ids[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]), cache)
+        logits, cache = _cached(
+            model, jnp.asarray(ids[:, t : t + 1]), jnp.asarray(mask[:, t : t + 1]), cache
+        )
         pieces.append(np.asarray(logits))
     return np.concatenate(pieces, axis=1), cache
 
@@ -141,8 +157,10 @@ def test_bfloat16_compute_tracks_float32(small_model):
 @pytest.mark.parametrize("remat", ["full"])
 def test_remat_policy_keeps_gradients(small_model, remat):
     ids = jnp.asarray(np.random.default_rng(3).integers(0, SMALL.vocab_size, size=(2, 12)))
-    graphdef, state = nnx.split(small_model)
-    rematted = nnx.merge(*nnx.split(type(small_model)(SMALL.replace(remat=remat), rngs=nnx.Rngs(0))))
+    state = nnx.state(small_model)
+    rematted = nnx.merge(
+        *nnx.split(type(small_model)(SMALL.replace(remat=remat), rngs=nnx.Rngs(0)))
+    )
     nnx.update(rematted, state)
 
     def loss(m):
