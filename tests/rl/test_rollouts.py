@@ -1,0 +1,62 @@
+"""Group collection: contiguous siblings, group-relative advantages, zero-variance filtering."""
+
+import numpy as np
+import pytest
+
+from sim.config import CatalogConfig, SimConfig, SplitConfig
+from sim.env import ShopEnv
+from sim.policies import OraclePolicy
+from sim.world import build_world
+
+from intraskill_jax.agent.episode import AgentConfig
+from intraskill_jax.rl.rollouts import GroupContext, collect
+from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
+from intraskill_jax.tokenization import IM_END, format_tool_calls, from_env_action, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def setup():
+    world = build_world(SimConfig(catalog=CatalogConfig(num_products=1200), splits=SplitConfig(num_test=40, num_validation=20)))
+    tok = train_tokenizer([world.catalog[i].title for i in range(0, 1200, 2)], vocab_size=600)
+    return world, tok
+
+
+def test_groups_advantages_and_zero_variance_filter(setup):
+    world, tok = setup
+    envs, policies = [], {}
+    G = 4
+
+    def make_env():
+        envs.append(ShopEnv(world))
+        return envs[-1]
+
+    def script(session, ids):
+        i = int(session.rsplit("-", 1)[1])
+        group, sibling = divmod(i, G)
+        # group 0: every sibling succeeds; group 1: siblings 0 and 2 succeed; group 2: all fail.
+        if group == 2 or (group == 1 and sibling % 2):
+            return "I am not sure."
+        if i not in policies:
+            policies[i] = OraclePolicy()
+            policies[i].reset(envs[i], "")
+        return format_tool_calls([from_env_action(policies[i].act(envs[i], ""))], "qwen3_5")
+
+    engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), script, tok.convert_tokens_to_ids(IM_END))
+    tasks = [int(t) for t in world.splits.train[:3]]
+    ctx = [GroupContext("skill A", (1, 0)), GroupContext(), GroupContext("skill B", (0, 1))]
+    exp = collect(engine, world, tok, tasks, ctx, group_size=G, sampling=SamplingParams(max_new_tokens=128),
+                  agent=AgentConfig(max_turns=12), make_env=make_env)
+    rewards = np.array([t.reward for t in exp.trajectories])
+    np.testing.assert_array_equal(rewards, [1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0])
+    assert [t.task_id for t in exp.trajectories] == [t for t in tasks for _ in range(G)]
+    assert [t.skill_mask for t in exp.trajectories[::G]] == [(1, 0), (), (0, 1)]
+    assert exp.admitted.tolist() == [False] * 4 + [True] * 4 + [False] * 4
+    r = rewards[4:8]
+    np.testing.assert_allclose(exp.advantages[4:8], (r - r.mean()) / (r.std(ddof=1) + 1e-6), rtol=1e-5)
+    np.testing.assert_allclose(exp.advantages[:4], 0)
+    np.testing.assert_allclose(exp.advantages[8:], 0)
+    m = exp.metrics
+    assert m["rollout/episodes_generated"] == 12 and m["rollout/episodes_admitted"] == 4
+    assert m["rollout/zero_variance_drop_rate"] == pytest.approx(8 / 12)
+    assert m["rollout/success"] == pytest.approx(6 / 12) and m["rollout/truncation_rate"] == pytest.approx(6 / 12)
+    assert len(exp.train_trajectories) == 4 and exp.train_advantages.shape == (4,)
