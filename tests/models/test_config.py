@@ -144,3 +144,17 @@ def test_dtype_default_follows_backend():
         head_dim=8,
     )
     assert cfg.dtype == cfg.param_dtype == "float32"  # tests run on CPU
+
+
+def test_configs_saved_by_transformers_parse():
+    from transformers import Qwen3_5Config, Qwen3Config
+
+    tiny = ModelConfig.tiny_qwen3_5()
+    text = tiny.to_hf_dict()
+    text.pop("model_type"), text.pop("architectures")
+    vlm = Qwen3_5Config(text_config=text, tie_word_embeddings=True).to_dict()
+    assert ModelConfig.from_hf_dict(vlm) == tiny.replace(tie_word_embeddings=True)
+    dense = ModelConfig.tiny_qwen3()
+    hf = dense.to_hf_dict()
+    hf.pop("model_type"), hf.pop("architectures")
+    assert ModelConfig.from_hf_dict(Qwen3Config(**hf).to_dict()) == dense
