@@ -1,0 +1,510 @@
+"""The optimizer and the jitted, sharded update steps (GRPO and supervised) over a model's mesh.
+
+Array alignment. Collated trajectories are *token-aligned*: position t of `loss_mask` or
+`rollout_logprobs` describes token t. The model scores token t+1 from tokens[:t+1], so the steps
+work on a *prediction-aligned* `TrainBatch` (position t carries target tokens[t+1] and the
+token-aligned values of t+1); `train_batch` makes one from `collate`'s output. Every [B, L] array
+a caller passes in or gets back (old / reference / rollout log-probs) is token-aligned.
+
+Gradient accumulation is exact: the batch is cut into micro-batches, each micro-batch loss is
+built with the denominators of the *whole* batch (token and sequence counts), so their sum is the
+global loss and the summed gradients are its gradient; metrics are carried as (sum, weight) pairs
+and divided once at the end. The micro-batch loop is a `lax.scan`, so one program serves any
+number of micro-batches of a given size.
+
+Sharding: parameters keep the layout they were created with (`models.sharding.create_sharded`),
+optimizer moments follow their parameter, batches are split over ('data', 'fsdp') along rows.
+The compiled step pins its output state to the input layout so donation reuses the buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NamedTuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from intraskill_jax.models import token_logprobs
+from intraskill_jax.models import sharding as sharding_lib
+from intraskill_jax.rl.grpo import LossConfig, Weighted, policy_loss
+
+Schedule = Literal["constant", "cosine"]
+
+
+# -- optimizer ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW with global-norm clipping, a warmup and a schedule, and the micro-batch size.
+
+    Attributes:
+      learning_rate: peak learning rate.
+      warmup_steps: updates of linear warmup; update k (from 0) uses lr * (k + 1) / warmup_steps,
+        so the first update already moves the weights.
+      schedule: 'constant' after warmup, or 'cosine' decay to min_lr_ratio * lr at total_steps.
+      total_steps: optimizer updates of the run (needed by 'cosine').
+      min_lr_ratio: final lr of the cosine as a fraction of the peak.
+      weight_decay: decoupled AdamW decay, applied to matrices only (not norms or biases).
+      b1, b2, eps: Adam moments and epsilon.
+      grad_clip: clip the global gradient norm to this (None: no clipping).
+      micro_batch_size: rows per forward/backward pass; the batch is padded with empty rows to a
+        multiple of it (None: the whole batch in one pass).
+    """
+
+    learning_rate: float = 1e-6
+    warmup_steps: int = 0
+    schedule: Schedule = "constant"
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    micro_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.learning_rate > 0:
+            raise ValueError(f"OptimConfig.learning_rate must be > 0, got {self.learning_rate}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"OptimConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"OptimConfig.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if self.schedule == "cosine" and (self.total_steps is None or self.total_steps <= self.warmup_steps):
+            raise ValueError(
+                f"schedule='cosine' needs total_steps > warmup_steps ({self.warmup_steps}); got "
+                f"total_steps={self.total_steps}. Set total_steps to the run's number of updates.")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"OptimConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.weight_decay < 0:
+            raise ValueError(f"OptimConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1 and self.eps > 0):
+            raise ValueError(f"need 0 <= b1, b2 < 1 and eps > 0; got {self.b1}, {self.b2}, {self.eps}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"OptimConfig.grad_clip must be > 0 (or None to disable), got {self.grad_clip}")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"OptimConfig.micro_batch_size must be >= 1 (or None), got {self.micro_batch_size}")
+
+
+def learning_rate_schedule(config: OptimConfig) -> optax.Schedule:
+    """lr as a function of the number of updates already applied."""
+    lr = config.learning_rate
+    if config.schedule == "cosine":
+        assert config.total_steps is not None  # checked by OptimConfig
+        main = optax.cosine_decay_schedule(lr, config.total_steps - config.warmup_steps, alpha=config.min_lr_ratio)
+    else:
+        main = optax.constant_schedule(lr)
+    if config.warmup_steps <= 1:
+        return main
+    warmup = optax.linear_schedule(lr / config.warmup_steps, lr, config.warmup_steps - 1)
+    return optax.join_schedules([warmup, main], [config.warmup_steps])
+
+
+def _decay_mask(params: Any) -> Any:
+    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW on the schedule."""
+    adamw = optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
+                        weight_decay=config.weight_decay, mask=_decay_mask)
+    if config.grad_clip is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
+
+
+# -- state -------------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class TrainState:
+    """What an update changes. `step` counts the updates applied so far (int32 scalar)."""
+
+    step: jax.Array
+    params: nnx.State  # the model's nnx.Param variables
+    opt_state: optax.OptState
+
+
+def _replicated(mesh: Mesh | None) -> NamedSharding | None:
+    return None if mesh is None else NamedSharding(mesh, PartitionSpec())
+
+
+def _state_shardings(params_sharding: Any, optimizer: optax.GradientTransformation,
+                     abstract_opt_state: Any, mesh: Mesh) -> TrainState:
+    """Moments live where their parameter lives; counters are replicated."""
+    replicated = _replicated(mesh)
+    opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_opt_state, params_sharding,
+                                transform_non_params=lambda _: replicated)
+    return TrainState(step=replicated, params=params_sharding, opt_state=opt)
+
+
+def _params_only(state: nnx.State) -> nnx.State:
+    params, rest = nnx.split_state(state, nnx.Param, ...)
+    if jax.tree.leaves(rest):
+        kinds = sorted({type(v).__name__ for v in jax.tree.leaves(rest, is_leaf=lambda x: isinstance(x, nnx.Variable))})
+        raise ValueError(f"The model holds non-Param state ({', '.join(kinds)}); the train step only carries "
+                         "nnx.Param variables, so that state would be lost.")
+    return params
+
+
+def _split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
+    graphdef, state = nnx.split(model)
+    return graphdef, _params_only(state)
+
+
+def init_train_state(model: nnx.Module, optimizer: optax.GradientTransformation, *,
+                     mesh: Mesh | None = None) -> tuple[nnx.GraphDef, TrainState]:
+    """Split `model` into (graphdef, TrainState at step 0).
+
+    On a mesh the model must already be laid out on it (`create_sharded`, `shard_model` or
+    `load_pretrained(mesh=...)`); the optimizer state is created in the matching layout.
+    """
+    graphdef, params = _split_params(model)
+    if mesh is None:
+        opt_state = jax.jit(optimizer.init)(params)
+        state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+        # Commit every array to where it is: the step's outputs are committed, and jit keys its
+        # cache on commitment, so an uncommitted first state would cost a second compile.
+        return graphdef, jax.device_put(state, jax.tree.map(lambda x: x.sharding, state))
+    params_sharding = jax.tree.map(lambda x: x.sharding, params)
+    shardings = _state_shardings(params_sharding, optimizer, jax.eval_shape(optimizer.init, params), mesh)
+    opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+    step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
+    return graphdef, TrainState(step=step, params=params, opt_state=opt_state)
+
+
+def abstract_train_state(model_factory: Callable[[], nnx.Module], optimizer: optax.GradientTransformation,
+                         *, mesh: Mesh | None = None,
+                         rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES
+                         ) -> tuple[nnx.GraphDef, TrainState]:
+    """(graphdef, TrainState of ShapeDtypeStructs carrying shardings) without allocating:
+    the target to restore a checkpoint onto."""
+    graphdef, abstract = sharding_lib.abstract_model(model_factory, mesh, rules)
+    params = _params_only(abstract)
+    abstract_opt = jax.eval_shape(optimizer.init, params)
+    step = jax.ShapeDtypeStruct((), jnp.int32)
+    if mesh is None:
+        return graphdef, TrainState(step=step, params=params, opt_state=abstract_opt)
+    shardings = _state_shardings(jax.tree.map(lambda a: a.sharding, params), optimizer, abstract_opt, mesh)
+    with_sharding = functools.partial(jax.tree.map, lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s))
+    return graphdef, TrainState(step=jax.ShapeDtypeStruct((), jnp.int32, sharding=shardings.step), params=params,
+                                opt_state=with_sharding(abstract_opt, shardings.opt_state))
+
+
+def merge_params(graphdef: nnx.GraphDef, state: TrainState) -> nnx.Module:
+    """The model at a state's parameters (shares their buffers)."""
+    return nnx.merge(graphdef, state.params)
+
+
+# -- batches -----------------------------------------------------------------------------------
+
+
+class TrainBatch(NamedTuple):
+    """Prediction-aligned training rows: position t predicts targets[b, t] from input_ids[b, :t+1].
+
+    input_ids, targets, attention_mask: [B, L] int; loss_mask: [B, L] float (1: trained target);
+    advantages: [B] (GRPO only); rollout/old/ref_logprobs: [B, L] log-probs of targets[b, t].
+    """
+
+    input_ids: Any
+    targets: Any
+    attention_mask: Any
+    loss_mask: Any
+    advantages: Any = None
+    rollout_logprobs: Any = None
+    old_logprobs: Any = None
+    ref_logprobs: Any = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(np.shape(self.input_ids)[0])
+
+
+def _next(x: Any) -> np.ndarray:
+    """Token-aligned [B, L] -> prediction-aligned: drop column 0, pad one zero column at the end."""
+    x = np.asarray(x)
+    return np.concatenate([x[:, 1:], np.zeros_like(x[:, :1])], axis=1)
+
+
+def train_batch(collated: Mapping[str, Any], *, advantages: Any = None, old_logprobs: Any = None,
+                ref_logprobs: Any = None, use_rollout_logprobs: bool = True) -> TrainBatch:
+    """A `TrainBatch` from `collate(...)` output plus token-aligned extras (host-side, NumPy)."""
+    tokens = np.asarray(collated["tokens"])
+    if tokens.ndim != 2:
+        raise ValueError(f"collated tokens must be [B, L], got shape {tokens.shape}")
+    for name, value in (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs)):
+        if value is not None and np.shape(value) != tokens.shape:
+            raise ValueError(f"{name} has shape {np.shape(value)}; expected token-aligned {tokens.shape}")
+    if advantages is not None and np.shape(advantages) != tokens.shape[:1]:
+        raise ValueError(f"advantages has shape {np.shape(advantages)}; expected ({tokens.shape[0]},)")
+    rollout = collated.get("rollout_logprobs") if use_rollout_logprobs else None
+    return TrainBatch(
+        input_ids=tokens,
+        targets=_next(tokens),
+        attention_mask=np.asarray(collated["attention_mask"]),
+        loss_mask=_next(np.asarray(collated["loss_mask"], np.float32)),
+        advantages=None if advantages is None else np.asarray(advantages, np.float32),
+        rollout_logprobs=None if rollout is None else _next(np.asarray(rollout, np.float32)),
+        old_logprobs=None if old_logprobs is None else _next(np.asarray(old_logprobs, np.float32)),
+        ref_logprobs=None if ref_logprobs is None else _next(np.asarray(ref_logprobs, np.float32)),
+    )
+
+
+def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
+    """Appends empty rows (loss mask 0) up to a multiple of `multiple` rows.
+
+    Padding rows attend to their own (pad) tokens so no row is fully masked, which could put
+    NaNs into the forward pass; they add nothing to any sum or count.
+    """
+    b = batch.num_rows
+    extra = (-b) % multiple
+    if extra == 0:
+        return batch
+
+    def pad(name: str, x: Any) -> Any:
+        if x is None:
+            return None
+        x = np.asarray(x)
+        fill = np.ones_like(x[:1]) if name == "attention_mask" else np.zeros_like(x[:1])
+        return np.concatenate([x, np.repeat(fill, extra, axis=0)], axis=0)
+
+    return TrainBatch(*(pad(name, x) for name, x in zip(TrainBatch._fields, batch)))
+
+
+class Totals(NamedTuple):
+    """Denominators of the whole optimizer batch."""
+
+    tokens: jax.Array
+    sequences: jax.Array
+
+
+def _totals(batch: TrainBatch) -> Totals:
+    per_row = batch.loss_mask.astype(jnp.float32).sum(axis=1)
+    return Totals(tokens=per_row.sum(), sequences=(per_row > 0).sum().astype(jnp.float32))
+
+
+def _micro_batches(batch: TrainBatch, count: int) -> TrainBatch:
+    """[B, ...] leaves -> [count, B / count, ...]; micro-batch i takes rows i, i + count, ...
+
+    Strided rather than contiguous so every micro-batch keeps the rows' split over the data
+    axes (a contiguous block would sit on a subset of devices).
+    """
+    def split(x: jax.Array) -> jax.Array:
+        rows = x.shape[0] // count
+        return x.reshape(rows, count, *x.shape[1:]).swapaxes(0, 1)
+
+    return jax.tree.map(split, batch)
+
+
+def _rows_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
+    axes = ("batch",) + (None,) * (len(shape) - 1)
+    return NamedSharding(mesh, sharding_lib.logical_to_spec(axes, shape, mesh))
+
+
+def _to_device(batch: TrainBatch, mesh: Mesh | None) -> TrainBatch:
+    if mesh is None:
+        return jax.tree.map(jnp.asarray, batch)
+    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), _rows_sharding(mesh, np.shape(x))), batch)
+
+
+# -- the update --------------------------------------------------------------------------------
+
+# loss_fn(model, micro_batch, totals) -> (loss, metrics). The loss must use `totals` as its
+# denominators so that micro-batch losses sum to the batch loss.
+MicroLoss = Callable[[nnx.Module, TrainBatch, Totals], tuple[jax.Array, dict[str, Weighted]]]
+
+
+class UpdateStep:
+    """One optimizer update per call: micro-batched forward/backward, then AdamW.
+
+    `step(state, batch) -> (new_state, metrics)`; metrics are scalar device arrays: each loss
+    metric's exact batch mean, plus loss, grad_norm (before clipping), lr (used by this update),
+    tokens and sequences (the batch's trained targets and non-empty rows).
+    """
+
+    def __init__(self, graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, config: OptimConfig,
+                 loss_fn: MicroLoss, *, mesh: Mesh | None = None,
+                 rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES, donate: bool = True):
+        self.graphdef = graphdef
+        self.optimizer = optimizer
+        self.config = config
+        self.mesh = mesh
+        self.rules = rules
+        self._schedule = learning_rate_schedule(config)
+        self._loss_fn = loss_fn
+        self._donate = donate
+        self._compiled: dict[Any, Callable[..., Any]] = {}
+
+    def _update(self, state: TrainState, batch: TrainBatch, *, num_micro: int,
+                params_sharding: Any) -> tuple[TrainState, dict[str, jax.Array]]:
+        totals = _totals(batch)
+        micro = _micro_batches(batch, num_micro)
+        graphdef, loss_fn = self.graphdef, self._loss_fn
+
+        def micro_loss(params: nnx.State, mb: TrainBatch):
+            return loss_fn(nnx.merge(graphdef, params), mb, totals)
+
+        grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+        first = jax.tree.map(lambda x: x[0], micro)
+        metric_shapes = jax.eval_shape(micro_loss, state.params, first)[1]
+
+        def zeros_f32(x: Any) -> jax.Array:
+            return jnp.zeros(jnp.shape(x), jnp.float32)
+
+        grads0 = jax.tree.map(zeros_f32, state.params)
+        if params_sharding is not None:
+            grads0 = jax.lax.with_sharding_constraint(grads0, params_sharding)
+        carry0 = (jnp.zeros((), jnp.float32), grads0, jax.tree.map(zeros_f32, metric_shapes))
+
+        def body(carry, mb):
+            loss_sum, grad_sum, metric_sum = carry
+            (loss, metrics), grads = grad_fn(state.params, mb)
+            grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
+            metric_sum = jax.tree.map(lambda a, m: a + m.astype(jnp.float32), metric_sum, metrics)
+            return (loss_sum + loss, grad_sum, metric_sum), None
+
+        (loss, grads, metrics), _ = jax.lax.scan(body, carry0, micro)
+        grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+        # Back to the parameters' dtype so the optimizer state keeps the dtype it was built with.
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        out = {name: m.mean for name, m in metrics.items() if name != "tokens"}
+        out.update(loss=loss, grad_norm=grad_norm, lr=jnp.asarray(self._schedule(state.step), jnp.float32),
+                   tokens=totals.tokens, sequences=totals.sequences)
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), out
+
+    def _compile(self, state: TrainState, num_micro: int) -> Callable[..., Any]:
+        # The new state keeps the input layout: the next call then hits the same executable (a
+        # drifted layout would recompile once more) and donation can reuse every buffer.
+        state_sharding = jax.tree.map(lambda x: x.sharding, state)
+        metrics_sharding = state_sharding.step if self.mesh is None else _replicated(self.mesh)
+        params_sharding = None if self.mesh is None else state_sharding.params
+        fn = functools.partial(self._update, num_micro=num_micro, params_sharding=params_sharding)
+        return jax.jit(fn, out_shardings=(state_sharding, metrics_sharding),
+                       donate_argnums=(0,) if self._donate else ())
+
+    def __call__(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+        rows = batch.num_rows
+        micro = self.config.micro_batch_size or rows
+        batch = _to_device(pad_rows(batch, micro), self.mesh)
+        num_micro = batch.num_rows // micro
+        key = (num_micro, tuple(x is None for x in batch))
+        if key not in self._compiled:
+            self._compiled[key] = self._compile(state, num_micro)
+        with _mesh_context(self.mesh, self.rules):
+            return self._compiled[key](state, batch)
+
+
+def _mesh_context(mesh: Mesh | None, rules: sharding_lib.LogicalRules):
+    """The model's `constrain` calls read the mesh and rules from context at trace time."""
+    if mesh is None:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.set_mesh(mesh))
+    stack.enter_context(nnx.logical_axis_rules(rules))
+    return stack
+
+
+# -- losses ------------------------------------------------------------------------------------
+
+
+def grpo_micro_loss(model: nnx.Module, mb: TrainBatch, totals: Totals, *, loss_config: LossConfig,
+                    temperature: float) -> tuple[jax.Array, dict[str, Weighted]]:
+    """GRPO loss of one micro-batch against the whole batch's denominators."""
+    if mb.advantages is None:
+        raise ValueError("the GRPO step needs advantages in the TrainBatch")
+    logprobs, entropy = token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask,
+                                       temperature=temperature, return_entropy=True)
+    out = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, loss_config,
+                      rollout_logprobs=mb.rollout_logprobs, ref_logprobs=mb.ref_logprobs,
+                      entropy=jax.lax.stop_gradient(entropy), num_tokens=totals.tokens,
+                      num_sequences=totals.sequences)
+    return out.loss, out.metrics
+
+
+def sft_micro_loss(model: nnx.Module, mb: TrainBatch, totals: Totals) -> tuple[jax.Array, dict[str, Weighted]]:
+    """Token-mean negative log-likelihood of the trained targets (global token count)."""
+    logprobs = token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask)
+    mask = mb.loss_mask.astype(jnp.float32)
+    nll = -(logprobs * mask).sum()
+    tokens = mask.sum()
+    return nll / jnp.maximum(totals.tokens, 1.0), {"nll": Weighted(nll, tokens), "tokens": Weighted(tokens, tokens)}
+
+
+def grpo_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, config: OptimConfig,
+              loss_config: LossConfig, *, temperature: float = 1.0, mesh: Mesh | None = None,
+              rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES, donate: bool = True) -> UpdateStep:
+    """The GRPO update. Log-probs are scored at the rollout `temperature`, as the sampler did."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 (the rollout's sampling temperature), got {temperature}")
+    loss_fn = functools.partial(grpo_micro_loss, loss_config=loss_config, temperature=temperature)
+    return UpdateStep(graphdef, optimizer, config, loss_fn, mesh=mesh, rules=rules, donate=donate)
+
+
+def sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, config: OptimConfig, *,
+             mesh: Mesh | None = None, rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES,
+             donate: bool = True) -> UpdateStep:
+    """The supervised update (cross-entropy on loss-mask targets)."""
+    return UpdateStep(graphdef, optimizer, config, sft_micro_loss, mesh=mesh, rules=rules, donate=donate)
+
+
+# -- trainer-side log-probs --------------------------------------------------------------------
+
+
+class LogprobFn:
+    """Trainer-side log-probs of collated tokens at given parameters, without gradients.
+
+    `fn(params, collated) -> [B, L]` token-aligned (column 0 and padding are 0): the "old"
+    log-probs for several updates per batch and for the rollout/trainer mismatch (TIS), or the
+    reference policy's log-probs for a KL penalty.
+    """
+
+    def __init__(self, graphdef: nnx.GraphDef, *, temperature: float = 1.0, micro_batch_size: int | None = None,
+                 mesh: Mesh | None = None, rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.graphdef = graphdef
+        self.temperature = temperature
+        self.micro_batch_size = micro_batch_size
+        self.mesh = mesh
+        self.rules = rules
+        self._compiled: dict[int, Callable[..., Any]] = {}
+
+    def _logprobs(self, params: nnx.State, batch: TrainBatch, *, num_micro: int) -> jax.Array:
+        model = nnx.merge(self.graphdef, params)
+
+        def one(mb: TrainBatch) -> jax.Array:
+            return token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask, temperature=self.temperature)
+
+        lp = jax.lax.map(one, _micro_batches(batch, num_micro))  # [n, rows, L]
+        lp = lp.swapaxes(0, 1).reshape(batch.input_ids.shape)
+        # Prediction t scores token t + 1: shift right to token alignment.
+        return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp[:, :-1]], axis=1)
+
+    def __call__(self, params: nnx.State, collated: Mapping[str, Any]) -> jax.Array:
+        full = train_batch(collated, use_rollout_logprobs=False)
+        rows = full.num_rows
+        micro = self.micro_batch_size or rows
+        batch = _to_device(pad_rows(full, micro), self.mesh)
+        num_micro = batch.num_rows // micro
+        if num_micro not in self._compiled:
+            self._compiled[num_micro] = jax.jit(functools.partial(self._logprobs, num_micro=num_micro))
+        with _mesh_context(self.mesh, self.rules):
+            return self._compiled[num_micro](params, batch)[:rows]
+
+
+def num_micro_batches(rows: int, micro_batch_size: int | None) -> int:
+    """How many micro-batches an update of `rows` rows runs."""
+    return 1 if micro_batch_size is None else math.ceil(rows / micro_batch_size)

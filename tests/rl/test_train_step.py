@@ -1,0 +1,209 @@
+"""The optimizer, the micro-batched GRPO update and trainer-side log-probs, on tiny Qwen3 models.
+
+Exactness claims are checked against the single-pass update: micro-batching (with padding rows),
+an 8-device mesh and rematerialisation must all give the same new parameters. Adam's eps is
+raised in these tests so parameters whose gradient is ~0 (round-off only) move by ~0 instead of
+by +-lr, which would hide real differences behind sign noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from intraskill_jax.models import ModelConfig, causal_lm_class, token_logprobs
+from intraskill_jax.models import sharding
+from intraskill_jax.rl import train_step as ts
+from intraskill_jax.rl.grpo import LossConfig, policy_loss
+
+CONFIG = ModelConfig.tiny_qwen3()
+OPTIM = ts.OptimConfig(learning_rate=1e-3, eps=1e-4, weight_decay=0.01, grad_clip=0.05, warmup_steps=2)
+LOSS = LossConfig(kl_coef=0.01)
+TEMPERATURE = 0.8
+
+
+def _factory(config: ModelConfig = CONFIG):
+    return lambda: causal_lm_class(config)(config, rngs=nnx.Rngs(3))
+
+
+def _model(config: ModelConfig = CONFIG, mesh=None):
+    # Initialised under jit on a mesh (one device by default) so every variant starts from
+    # bit-identical weights.
+    mesh = mesh or sharding.make_mesh(sharding.MeshConfig(fsdp=1), devices=jax.devices()[:1])
+    return sharding.create_sharded(_factory(config), mesh)
+
+
+def _collated(rows: int = 8, length: int = 32, seed: int = 0) -> dict[str, np.ndarray]:
+    """Right-padded conversations with two sampled spans each, as `collate` lays them out."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, CONFIG.vocab_size, (rows, length)).astype(np.int32)
+    attention = np.zeros((rows, length), np.int32)
+    loss_mask = np.zeros((rows, length), np.float32)
+    for b in range(rows):
+        n = int(rng.integers(length // 2, length + 1))
+        attention[b, :n] = 1
+        tokens[b, n:] = 0
+        loss_mask[b, 6:10] = 1
+        loss_mask[b, 14:n] = rng.random(n - 14) < 0.7
+    rollout = np.where(loss_mask > 0, -rng.random((rows, length)) * 4, 0.0).astype(np.float32)
+    return {"tokens": tokens, "attention_mask": attention, "loss_mask": loss_mask, "rollout_logprobs": rollout}
+
+
+def _max_diff(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _to_host(tree):
+    return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """Initial state, an off-policy GRPO batch, and the single-pass reference update."""
+    tx = ts.make_optimizer(OPTIM)
+    graphdef, state = ts.init_train_state(_model(), tx)
+    collated = _collated()
+    logprob_fn = ts.LogprobFn(graphdef, temperature=TEMPERATURE, micro_batch_size=3)  # padded to 9 rows
+    current = np.asarray(logprob_fn(state.params, collated))
+    rng = np.random.default_rng(1)
+    # Old log-probs off the current ones so some ratios leave the clip range.
+    old = np.where(collated["loss_mask"] > 0, current + rng.normal(0, 0.3, current.shape), 0).astype(np.float32)
+    ref = np.where(collated["loss_mask"] > 0, current + rng.normal(0, 0.1, current.shape), 0).astype(np.float32)
+    advantages = rng.normal(size=8).astype(np.float32)
+    batch = ts.train_batch(collated, advantages=advantages, old_logprobs=old, ref_logprobs=ref)
+    step = ts.grpo_step(graphdef, tx, OPTIM, LOSS, temperature=TEMPERATURE, donate=False)
+    new_state, metrics = step(state, batch)
+    return dict(tx=tx, graphdef=graphdef, state=state, collated=collated, current=current, batch=batch,
+                logprob_fn=logprob_fn,
+                step=step, new_state=_to_host(new_state), metrics=_to_host(metrics))
+
+
+def test_optim_config_schedule_and_validation():
+    sched = ts.learning_rate_schedule(ts.OptimConfig(learning_rate=1.0, warmup_steps=4, schedule="cosine",
+                                                     total_steps=8, min_lr_ratio=0.1))
+    lrs = [float(sched(k)) for k in range(9)]
+    np.testing.assert_allclose(lrs[:4], [0.25, 0.5, 0.75, 1.0], rtol=1e-6)  # first update already moves
+    assert lrs[4] == pytest.approx(1.0) and lrs[8] == pytest.approx(0.1) and lrs[5] > lrs[6] > lrs[7]
+    assert float(ts.learning_rate_schedule(ts.OptimConfig(learning_rate=0.3))(100)) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="total_steps"):
+        ts.OptimConfig(schedule="cosine", warmup_steps=10, total_steps=5)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        ts.OptimConfig(micro_batch_size=0)
+    with pytest.raises(ValueError, match="grad_clip"):
+        ts.OptimConfig(grad_clip=0.0)
+
+
+def test_weight_decay_skips_vectors():
+    params = {"w": jnp.ones((2, 2)), "norm": jnp.ones((2,))}
+    tx = ts.make_optimizer(ts.OptimConfig(learning_rate=0.1, weight_decay=0.5, grad_clip=None))
+    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    assert float(jnp.abs(updates["norm"]).max()) == 0.0 and float(updates["w"][0, 0]) == pytest.approx(-0.05)
+
+
+def test_train_batch_shifts_to_prediction_alignment_and_pads_empty_rows():
+    collated = _collated(rows=3, length=24)
+    batch = ts.train_batch(collated, advantages=np.ones(3))
+    np.testing.assert_array_equal(batch.targets[:, :-1], collated["tokens"][:, 1:])
+    np.testing.assert_array_equal(batch.loss_mask[:, :-1], collated["loss_mask"][:, 1:])
+    assert batch.loss_mask[:, -1].sum() == 0 and batch.old_logprobs is None
+    padded = ts.pad_rows(batch, 4)
+    assert padded.num_rows == 4 and padded.loss_mask[3].sum() == 0 and padded.advantages[3] == 0
+    assert padded.attention_mask[3].all()  # no fully masked row
+    with pytest.raises(ValueError, match="advantages"):
+        ts.train_batch(collated, advantages=np.ones(4))
+
+
+def test_reference_update_metrics(setup):
+    m, batch = setup["metrics"], setup["batch"]
+    assert m["tokens"] == batch.loss_mask.sum() and m["sequences"] == 8
+    assert m["clipfrac_low"] + m["clipfrac_high"] > 0  # the batch really exercises clipping
+    assert m["grad_norm"] > OPTIM.grad_clip  # and global-norm clipping
+    assert m["lr"] == pytest.approx(OPTIM.learning_rate / OPTIM.warmup_steps)
+    assert np.isfinite(m["entropy"]) and m["entropy"] > 0 and "kl" in m and "tis_weight_mean" in m
+    assert int(setup["new_state"].step) == 1
+
+
+def test_four_micro_batches_give_the_single_pass_update(setup):
+    optim = dataclasses.replace(OPTIM, micro_batch_size=2)
+    step = ts.grpo_step(setup["graphdef"], setup["tx"], optim, LOSS, temperature=TEMPERATURE, donate=False)
+    state, metrics = step(setup["state"], setup["batch"])
+    assert _max_diff(state.params, setup["new_state"].params) < 1e-6
+    assert _max_diff(state.opt_state, setup["new_state"].opt_state) < 1e-6
+    for name, value in setup["metrics"].items():
+        np.testing.assert_allclose(metrics[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_micro_batch_losses_sum_to_the_global_sequence_mean(setup):
+    """seq-mean-token-mean over 3 micro-batches, one padded with an empty row: the summed loss is
+    the full-batch loss (the same accumulation code then sums the gradients)."""
+    loss = dataclasses.replace(LOSS, aggregation="seq-mean-token-mean")
+    optim = dataclasses.replace(OPTIM, micro_batch_size=3)
+    step = ts.grpo_step(setup["graphdef"], setup["tx"], optim, loss, temperature=TEMPERATURE, donate=False)
+    _, metrics = step(setup["state"], setup["batch"])
+    b = setup["batch"]
+    # The current policy's log-probs, moved to prediction alignment like the batch.
+    logprobs = ts.train_batch(setup["collated"], old_logprobs=setup["current"]).old_logprobs
+    full = policy_loss(logprobs, b.old_logprobs, b.advantages, b.loss_mask, loss,
+                       rollout_logprobs=b.rollout_logprobs, ref_logprobs=b.ref_logprobs)
+    np.testing.assert_allclose(metrics["loss"], full.loss, rtol=1e-5)
+    np.testing.assert_allclose(metrics["pg_loss"], full.metrics["pg_loss"].mean, rtol=1e-5)
+    assert metrics["sequences"] == 8
+
+
+@pytest.mark.parametrize("mesh_config,micro", [(sharding.MeshConfig(data=2, fsdp=2, tensor=2), 4),
+                                               (sharding.MeshConfig(fsdp=8), None)], ids=["d2f2t2", "fsdp8"])
+def test_sharded_update_matches_one_device(setup, mesh_config, micro):
+    mesh = sharding.make_mesh(mesh_config)
+    graphdef, state = ts.init_train_state(_model(mesh=mesh), setup["tx"], mesh=mesh)
+    assert _max_diff(state.params, setup["state"].params) == 0.0
+    optim = dataclasses.replace(OPTIM, micro_batch_size=micro)
+    step = ts.grpo_step(graphdef, setup["tx"], optim, LOSS, temperature=TEMPERATURE, mesh=mesh)
+    layout = jax.tree.map(lambda x: x.sharding, state)
+    state, metrics = step(state, setup["batch"])  # donated: the old buffers are reused
+    assert jax.tree.map(lambda x: x.sharding, state) == layout
+    embed = state.params["model"]["embed_tokens"]["weight"].get_value()
+    assert embed.sharding.spec == layout.params["model"]["embed_tokens"]["weight"].get_value().spec
+    assert len({s.device for s in embed.addressable_shards}) == 8
+    assert _max_diff(state.params, setup["new_state"].params) < 1e-6
+    for name, value in setup["metrics"].items():
+        np.testing.assert_allclose(metrics[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_remat_gives_the_same_update(setup):
+    config = CONFIG.replace(remat="full")
+    graphdef, state = ts.init_train_state(_model(config), setup["tx"])
+    step = ts.grpo_step(graphdef, setup["tx"], OPTIM, LOSS, temperature=TEMPERATURE, donate=False)
+    state, metrics = step(state, setup["batch"])
+    assert _max_diff(state.params, setup["new_state"].params) < 1e-7
+    np.testing.assert_allclose(metrics["loss"], setup["metrics"]["loss"], rtol=1e-5)
+
+
+def test_logprob_fn_matches_the_model_and_the_step(setup):
+    graphdef, state, collated = setup["graphdef"], setup["state"], setup["collated"]
+    model = nnx.merge(graphdef, state.params)
+    tokens, attention = jnp.asarray(collated["tokens"]), jnp.asarray(collated["attention_mask"])
+    direct = token_logprobs(model, tokens[:, :-1], tokens[:, 1:], attention[:, :-1], temperature=TEMPERATURE)
+    micro = setup["logprob_fn"](state.params, collated)
+    np.testing.assert_allclose(np.asarray(micro)[:, 1:], np.asarray(direct), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(micro), setup["current"], rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(micro[:, 0]).max()) == 0.0
+
+
+def test_loss_decreases_over_updates_on_a_fixed_batch(setup):
+    """PPO-style epochs on one batch, old log-probs recomputed by the trainer: at the first update
+    the ratio is exactly 1 (so the step scores the same tokens LogprobFn did), then the
+    surrogate loss falls as the policy moves toward positive-advantage tokens."""
+    batch = setup["batch"]._replace(old_logprobs=ts.train_batch(setup["collated"], old_logprobs=setup["current"]).old_logprobs)
+    state, losses = setup["state"], []
+    for k in range(6):
+        state, metrics = setup["step"](state, batch)
+        losses.append(float(metrics["pg_loss"]))
+        if k == 0:
+            assert float(metrics["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
+            assert abs(float(metrics["ppo_kl"])) < 1e-5
+    assert losses[-1] < losses[0] - 0.05 and all(b <= a + 1e-6 for a, b in zip(losses, losses[1:]))
