@@ -439,8 +439,7 @@ def sft_micro_loss(model: nnx.Module, mb: TrainBatch, totals: Totals) -> tuple[j
     logprobs = token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask)
     mask = mb.loss_mask.astype(jnp.float32)
     nll = -(logprobs * mask).sum()
-    tokens = mask.sum()
-    return nll / jnp.maximum(totals.tokens, 1.0), {"nll": Weighted(nll, tokens), "tokens": Weighted(tokens, tokens)}
+    return nll / jnp.maximum(totals.tokens, 1.0), {"nll": Weighted(nll, mask.sum())}
 
 
 def grpo_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, config: OptimConfig,

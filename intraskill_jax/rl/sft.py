@@ -1,0 +1,151 @@
+"""Supervised warm start on trajectories (oracle demonstrations rendered by the agent loop).
+
+The loss is cross-entropy on the tokens the policy would have sampled (the trajectory's loss mask:
+assistant replies only; prompts, observations and padding are context), averaged over every such
+token of the optimizer batch, with the same exact micro-batching as the GRPO update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Iterator, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from tqdm.auto import tqdm
+
+from intraskill_jax.agent.trajectory import Trajectory, collate
+from intraskill_jax.checkpoint import Checkpointer
+from intraskill_jax.metrics import MetricsWriter
+from intraskill_jax.models import sharding as sharding_lib
+from intraskill_jax.models import token_logprobs
+from intraskill_jax.rl.train_step import (
+    OptimConfig,
+    TrainBatch,
+    TrainState,
+    init_train_state,
+    make_optimizer,
+    pad_rows,
+    sft_step,
+    train_batch,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+    """Attributes:
+      optim: optimizer; `optim.micro_batch_size` splits each batch for memory.
+      batch_size: trajectories per update (the last batch of an epoch is padded with empty rows,
+        so every update has one shape).
+      epochs: passes over the trajectories, each in a fresh seeded order.
+      seed: shuffling seed.
+      length_multiple: padded lengths are `length_multiple * 2**k` (few compiled shapes).
+      checkpoint_every: updates between checkpoints when a Checkpointer is given.
+    """
+
+    optim: OptimConfig = OptimConfig(learning_rate=1e-5, warmup_steps=10)
+    batch_size: int = 16
+    epochs: int = 1
+    seed: int = 0
+    length_multiple: int = 128
+    checkpoint_every: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "epochs", "length_multiple", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SFTConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+    def num_updates(self, num_trajectories: int) -> int:
+        return self.epochs * math.ceil(num_trajectories / self.batch_size)
+
+
+@dataclasses.dataclass
+class SFTResult:
+    graphdef: nnx.GraphDef
+    state: TrainState
+    history: list[dict[str, float]]  # one row of scalar metrics per update
+
+
+def sft_batches(trajectories: Sequence[Trajectory], config: SFTConfig, *, pad_id: int) -> Iterator[TrainBatch]:
+    """Every update's batch, in order: seeded shuffles per epoch, padded to `batch_size` rows."""
+    for epoch in range(config.epochs):
+        order = np.random.default_rng([config.seed, epoch]).permutation(len(trajectories))
+        for start in range(0, len(order), config.batch_size):
+            chosen = [trajectories[i] for i in order[start:start + config.batch_size]]
+            batch = train_batch(collate(chosen, pad_id, multiple=config.length_multiple))
+            yield pad_rows(batch, config.batch_size)
+
+
+def _check_trajectories(trajectories: Sequence[Trajectory]) -> None:
+    if not trajectories:
+        raise ValueError("run_sft needs at least one trajectory")
+    empty = [t.episode_id for t in trajectories if not any(t.loss_mask)]
+    if len(empty) == len(trajectories):
+        raise ValueError("No trajectory has a trainable token (loss_mask is all zero); nothing to learn.")
+    if empty:
+        log.warning("%d of %d trajectories have no trainable token (e.g. %s)", len(empty), len(trajectories), empty[0])
+
+
+def run_sft(model: nnx.Module, trajectories: Sequence[Trajectory], config: SFTConfig, *, pad_id: int,
+            mesh: Mesh | None = None, rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES,
+            writer: MetricsWriter | None = None, checkpointer: Checkpointer | None = None,
+            progress: bool = True) -> SFTResult:
+    """Fine-tune `model` on `trajectories`; on return `model` holds the trained weights.
+
+    The update donates the parameter buffers, so `model` is only valid again once this returns.
+    With a `checkpointer`, a run resumes from its newest checkpoint (same seed: same batches).
+    Metrics per update: train/sft_loss (token-mean NLL), train/sft_grad_norm, train/sft_lr,
+    train/sft_tokens.
+    """
+    _check_trajectories(trajectories)
+    total = config.num_updates(len(trajectories))
+    optimizer = make_optimizer(config.optim)
+    graphdef, state = init_train_state(model, optimizer, mesh=mesh)
+    if checkpointer is not None and checkpointer.latest_step() is not None:
+        state = checkpointer.restore(state).state
+        log.info("SFT resumes at update %d of %d", int(state.step), total)
+    step = sft_step(graphdef, optimizer, config.optim, mesh=mesh, rules=rules)
+    done = int(state.step)
+    history: list[dict[str, float]] = []
+    bar = tqdm(total=total, initial=done, desc="sft", unit="update", disable=not progress)
+    for index, batch in enumerate(sft_batches(trajectories, config, pad_id=pad_id)):
+        if index < done:
+            continue
+        state, metrics = step(state, batch)
+        row = {f"train/sft_{k}": float(v) for k, v in jax.device_get(metrics).items()
+               if k in ("loss", "grad_norm", "lr", "tokens")}
+        history.append(row)
+        if writer is not None:
+            writer.write(index + 1, row)
+        if checkpointer is not None and ((index + 1) % config.checkpoint_every == 0 or index + 1 == total):
+            checkpointer.save(index + 1, state, extra={"phase": "sft"})
+        bar.set_postfix(loss=f"{row['train/sft_loss']:.4f}")
+        bar.update()
+    bar.close()
+    if checkpointer is not None:
+        checkpointer.wait_until_finished()
+    nnx.update(model, state.params)
+    return SFTResult(graphdef=graphdef, state=state, history=history)
+
+
+@nnx.jit
+def _masked_logprob_sum(model: nnx.Module, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
+    logprobs = token_logprobs(model, batch.input_ids, batch.targets, batch.attention_mask)
+    return (logprobs * batch.loss_mask).sum(), batch.loss_mask.sum()
+
+
+def assistant_logprob(model: nnx.Module, trajectories: Sequence[Trajectory], *, pad_id: int,
+                      batch_size: int = 8) -> float:
+    """Mean log-likelihood per trainable (assistant) token under `model` (an evaluation helper)."""
+    total, count = 0.0, 0.0
+    for start in range(0, len(trajectories), batch_size):
+        batch = pad_rows(train_batch(collate(trajectories[start:start + batch_size], pad_id)), batch_size)
+        s, n = _masked_logprob_sum(model, jax.tree.map(np.asarray, batch))
+        total, count = total + float(s), count + float(n)
+    return total / max(count, 1.0)

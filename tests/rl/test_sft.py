@@ -1,0 +1,101 @@
+"""Supervised warm start on oracle demonstrations from a small simulator world."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from sim.config import CatalogConfig, SimConfig, SplitConfig
+from sim.env import ShopEnv
+from sim.world import build_world
+
+from intraskill_jax.agent.demos import oracle_demonstrations
+from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec
+from intraskill_jax.checkpoint import Checkpointer
+from intraskill_jax.metrics import MetricsWriter, read_metrics
+from intraskill_jax.models import ModelConfig, causal_lm_class
+from intraskill_jax.rl import train_step as ts
+from intraskill_jax.rl.sft import SFTConfig, assistant_logprob, run_sft, sft_batches
+from intraskill_jax.tokenization import train_tokenizer
+
+AGENT = AgentConfig(family="qwen3", max_observation_chars=400, show_affordances=False, max_turns=10)
+
+
+@pytest.fixture(scope="module")
+def demos():
+    world = build_world(SimConfig(catalog=CatalogConfig(num_products=300, persona_fraction=0.0),
+                                  splits=SplitConfig(num_test=20, num_validation=10)))
+
+    def play(tokenizer, task_ids):
+        specs = [EpisodeSpec(int(t)) for t in task_ids]
+        return oracle_demonstrations([ShopEnv(world, world.config.env) for _ in specs], tokenizer, specs, AGENT)
+
+    # A tokenizer fitted to the conversations themselves keeps demonstrations near 1K tokens.
+    texts = [world.catalog[i].title for i in range(300)] + [t.instruction for t in world.catalog.tasks[:150]]
+    rough = train_tokenizer(texts, vocab_size=600, family="qwen3")
+    corpus = [rough.decode(t.token_ids) for t in play(rough, world.splits.train[100:140])]
+    tokenizer = train_tokenizer(texts + corpus, vocab_size=1000, family="qwen3")
+    trajectories = [t for t in play(tokenizer, world.splits.train[:30]) if len(t.token_ids) <= 1024][:6]
+    assert len(trajectories) == 6 and all(t.success for t in trajectories)
+    return tokenizer, trajectories
+
+
+def _model(tokenizer):
+    config = ModelConfig.tiny_qwen3(vocab_size=len(tokenizer))
+    return causal_lm_class(config)(config, rngs=nnx.Rngs(0))
+
+
+def test_sft_learns_the_demonstrated_actions(demos, tmp_path):
+    tokenizer, trajectories = demos
+    pad = tokenizer.pad_token_id
+    model = _model(tokenizer)
+    before = assistant_logprob(model, trajectories, pad_id=pad)
+    # 3 rows per update in 2 micro-batches (one padding row): the accumulation path, 10 updates.
+    config = SFTConfig(optim=ts.OptimConfig(learning_rate=1e-2, warmup_steps=2, micro_batch_size=2),
+                       batch_size=3, epochs=5, checkpoint_every=5)
+    with MetricsWriter(tmp_path, tensorboard=False) as writer, Checkpointer(tmp_path / "ckpt") as ckpt:
+        result = run_sft(model, trajectories, config, pad_id=pad, writer=writer, checkpointer=ckpt, progress=False)
+    losses = [row["train/sft_loss"] for row in result.history]
+    assert len(losses) == config.num_updates(len(trajectories)) == 10
+    assert losses[0] > 6.0 and np.mean(losses[-2:]) < 0.5 * losses[0]
+    after = assistant_logprob(model, trajectories, pad_id=pad)  # `model` now holds the trained weights
+    assert before < -6.0 and after > before + 3.0
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    assert {"train/sft_loss", "train/sft_grad_norm", "train/sft_lr", "train/sft_tokens"} <= rows[0].keys()
+
+    # A rerun with the same checkpointer finds the run finished and restores its weights.
+    fresh = _model(tokenizer)
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        assert ckpt.all_steps() == [5, 10]
+        again = run_sft(fresh, trajectories, config, pad_id=pad, checkpointer=ckpt, progress=False)
+    assert again.history == [] and assistant_logprob(fresh, trajectories, pad_id=pad) == pytest.approx(after)
+
+
+def test_loss_counts_only_assistant_tokens(demos):
+    tokenizer, trajectories = demos
+    model = _model(tokenizer)
+    batch = next(sft_batches(trajectories, SFTConfig(batch_size=3), pad_id=tokenizer.pad_token_id))
+    mask = batch.loss_mask
+    assert 0 < mask.sum() < 0.3 * batch.attention_mask.sum()  # replies are a small part of the context
+    totals = ts.Totals(tokens=jnp.float32(mask.sum()), sequences=jnp.float32((mask.sum(1) > 0).sum()))
+    loss = nnx.jit(lambda m, b: ts.sft_micro_loss(m, b, totals)[0])
+
+    base = float(loss(model, batch))
+    # The same value from full-vocabulary logits: NLL averaged over assistant targets only.
+    logp = jax.nn.log_softmax(model(jnp.asarray(batch.input_ids), attention_mask=jnp.asarray(batch.attention_mask)))
+    picked = np.take_along_axis(np.asarray(logp), batch.targets[..., None], axis=-1)[..., 0]
+    assert base == pytest.approx(-(picked * mask).sum() / mask.sum(), rel=1e-5)
+
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, len(tokenizer), batch.targets.shape).astype(batch.targets.dtype)
+    other = np.where(mask > 0, batch.targets, noise)  # every non-assistant target replaced
+    assert (other != batch.targets).mean() > 0.5
+    assert float(loss(model, batch._replace(targets=other))) == base
+    b, t = map(int, np.argwhere(mask > 0)[0])
+    one = batch.targets.copy()
+    one[b, t] = (one[b, t] + 1) % len(tokenizer)
+    assert float(loss(model, batch._replace(targets=one))) != base
