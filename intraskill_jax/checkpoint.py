@@ -23,7 +23,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import jax
 import numpy as np
@@ -237,7 +237,7 @@ class Checkpointer:
         self._manager.wait_until_finished()
         self._manager.close()
 
-    def __enter__(self) -> Checkpointer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -38,7 +38,7 @@ def model_factory() -> nnx.Module:
     return causal_lm_class(CONFIG)(CONFIG, rngs=nnx.Rngs(0))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trainer() -> tuple[nnx.GraphDef, ts.UpdateStep]:
     """Built once per process, so in-process runs share one compiled step."""
     graphdef, _ = nnx.split(model_factory())

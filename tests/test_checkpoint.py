@@ -52,14 +52,14 @@ def test_restore_then_step_equals_the_uninterrupted_next_step(uninterrupted):
     workdir, final = uninterrupted
     with Checkpointer(workdir / "checkpoints") as ckpt:
         restored = ckpt.restore(cr.fresh_state(), step=3)
-    state, rng, cursor = cr.train_one(restored.state, restored.rng, restored.extra["cursor"])
+    state, _, _ = cr.train_one(restored.state, restored.rng, restored.extra["cursor"])
     assert_bitwise_equal(state, final)
 
 
 def test_sigkill_while_committing_resumes_from_the_last_finished_checkpoint(uninterrupted, tmp_path):
     _, final = uninterrupted
     command = [sys.executable, "-m", "tests.checkpoint_run", str(tmp_path), str(STEPS)]
-    killed = subprocess.run(command + ["--kill-at-commit", "3"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(command + ["--kill-at-commit", "3"], check=False, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-2000:]
     # Saves are asynchronous: step 3's save was started, then the process died committing it
     # (step 4's save would first have waited for that commit).
@@ -70,7 +70,7 @@ def test_sigkill_while_committing_resumes_from_the_last_finished_checkpoint(unin
         assert ckpt.latest_step() == 2  # the torn step 3 is invisible
 
     out = tmp_path / "final.npz"
-    resumed = subprocess.run(command + ["--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(command + ["--out", str(out)], check=False, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from step 2" in resumed.stdout and "saving step 3" in resumed.stdout
     saved = np.load(out)
@@ -94,6 +94,9 @@ def test_restore_onto_a_mesh(uninterrupted):
     assert_bitwise_equal(state, final)
 
 
+# Orbax leaves an async read of the damaged file behind when restore fails; its late callback
+# finds the event loop closed. Harmless, and not ours to fix.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_missing_corrupt_and_mismatched_checkpoints_raise_clear_errors(uninterrupted, tmp_path):
     with Checkpointer(tmp_path / "empty") as ckpt, pytest.raises(
             CheckpointError, match=f"No finished checkpoint in {tmp_path / 'empty'}"):

@@ -49,7 +49,7 @@ class SFTConfig:
       checkpoint_every: updates between checkpoints when a Checkpointer is given.
     """
 
-    optim: OptimConfig = OptimConfig(learning_rate=1e-5, warmup_steps=10)
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(learning_rate=1e-5, warmup_steps=10))
     batch_size: int = 16
     epochs: int = 1
     seed: int = 0

@@ -15,6 +15,14 @@ number of micro-batches of a given size.
 Sharding: parameters keep the layout they were created with (`models.sharding.create_sharded`),
 optimizer moments follow their parameter, batches are split over ('data', 'fsdp') along rows.
 The compiled step pins its output state to the input layout so donation reuses the buffers.
+
+Use:
+
+    tx = make_optimizer(optim)
+    graphdef, state = init_train_state(model, tx, mesh=mesh)   # model laid out on mesh
+    step = grpo_step(graphdef, tx, optim, LossConfig(), temperature=rollout_temperature, mesh=mesh)
+    batch = train_batch(collate(trajs, pad_id), advantages=adv)   # + old_logprobs / ref_logprobs
+    state, metrics = step(state, batch)                          # `state` is donated
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -34,8 +41,8 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from intraskill_jax.models import token_logprobs
 from intraskill_jax.models import sharding as sharding_lib
+from intraskill_jax.models import token_logprobs
 from intraskill_jax.rl.grpo import LossConfig, Weighted, policy_loss
 
 Schedule = Literal["constant", "cosine"]
@@ -307,15 +314,17 @@ def _micro_batches(batch: TrainBatch, count: int) -> TrainBatch:
     return jax.tree.map(split, batch)
 
 
-def _rows_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
-    axes = ("batch",) + (None,) * (len(shape) - 1)
-    return NamedSharding(mesh, sharding_lib.logical_to_spec(axes, shape, mesh))
-
-
-def _to_device(batch: TrainBatch, mesh: Mesh | None) -> TrainBatch:
+def _to_device(batch: TrainBatch, mesh: Mesh | None, rules: sharding_lib.LogicalRules) -> TrainBatch:
+    """Rows split over the mesh's batch axes (as far as the row count divides)."""
     if mesh is None:
         return jax.tree.map(jnp.asarray, batch)
-    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), _rows_sharding(mesh, np.shape(x))), batch)
+
+    def put(x: Any) -> jax.Array:
+        axes = ("batch",) + (None,) * (np.ndim(x) - 1)
+        spec = sharding_lib.logical_to_spec(axes, np.shape(x), mesh, rules)
+        return jax.device_put(np.asarray(x), NamedSharding(mesh, spec))
+
+    return jax.tree.map(put, batch)
 
 
 # -- the update --------------------------------------------------------------------------------
@@ -398,7 +407,7 @@ class UpdateStep:
     def __call__(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
         rows = batch.num_rows
         micro = self.config.micro_batch_size or rows
-        batch = _to_device(pad_rows(batch, micro), self.mesh)
+        batch = _to_device(pad_rows(batch, micro), self.mesh, self.rules)
         num_micro = batch.num_rows // micro
         key = (num_micro, tuple(x is None for x in batch))
         if key not in self._compiled:
@@ -496,14 +505,10 @@ class LogprobFn:
         full = train_batch(collated, use_rollout_logprobs=False)
         rows = full.num_rows
         micro = self.micro_batch_size or rows
-        batch = _to_device(pad_rows(full, micro), self.mesh)
+        batch = _to_device(pad_rows(full, micro), self.mesh, self.rules)
         num_micro = batch.num_rows // micro
         if num_micro not in self._compiled:
             self._compiled[num_micro] = jax.jit(functools.partial(self._logprobs, num_micro=num_micro))
         with _mesh_context(self.mesh, self.rules):
             return self._compiled[num_micro](params, batch)[:rows]
 
-
-def num_micro_batches(rows: int, micro_batch_size: int | None) -> int:
-    """How many micro-batches an update of `rows` rows runs."""
-    return 1 if micro_batch_size is None else math.ceil(rows / micro_batch_size)

@@ -8,10 +8,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sim.config import CatalogConfig, SimConfig, SplitConfig
-from sim.env import ShopEnv
-from sim.world import build_world
-
 from intraskill_jax.agent.demos import oracle_demonstrations
 from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec
 from intraskill_jax.checkpoint import Checkpointer
@@ -20,6 +16,9 @@ from intraskill_jax.models import ModelConfig, causal_lm_class
 from intraskill_jax.rl import train_step as ts
 from intraskill_jax.rl.sft import SFTConfig, assistant_logprob, run_sft, sft_batches
 from intraskill_jax.tokenization import train_tokenizer
+from sim.config import CatalogConfig, SimConfig, SplitConfig
+from sim.env import ShopEnv
+from sim.world import build_world
 
 AGENT = AgentConfig(family="qwen3", max_observation_chars=400, show_affordances=False, max_turns=10)
 

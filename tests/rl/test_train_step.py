@@ -9,6 +9,7 @@ by +-lr, which would hide real differences behind sign noise.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from intraskill_jax.models import ModelConfig, causal_lm_class, token_logprobs
-from intraskill_jax.models import sharding
+from intraskill_jax.models import ModelConfig, causal_lm_class, sharding, token_logprobs
 from intraskill_jax.rl import train_step as ts
 from intraskill_jax.rl.grpo import LossConfig, policy_loss
 
@@ -78,9 +78,9 @@ def setup():
     batch = ts.train_batch(collated, advantages=advantages, old_logprobs=old, ref_logprobs=ref)
     step = ts.grpo_step(graphdef, tx, OPTIM, LOSS, temperature=TEMPERATURE, donate=False)
     new_state, metrics = step(state, batch)
-    return dict(tx=tx, graphdef=graphdef, state=state, collated=collated, current=current, batch=batch,
-                logprob_fn=logprob_fn,
-                step=step, new_state=_to_host(new_state), metrics=_to_host(metrics))
+    return {"tx": tx, "graphdef": graphdef, "state": state, "collated": collated, "current": current,
+            "batch": batch, "logprob_fn": logprob_fn, "step": step, "new_state": _to_host(new_state),
+            "metrics": _to_host(metrics)}
 
 
 def test_optim_config_schedule_and_validation():
@@ -206,4 +206,4 @@ def test_loss_decreases_over_updates_on_a_fixed_batch(setup):
         if k == 0:
             assert float(metrics["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
             assert abs(float(metrics["ppo_kl"])) < 1e-5
-    assert losses[-1] < losses[0] - 0.05 and all(b <= a + 1e-6 for a, b in zip(losses, losses[1:]))
+    assert losses[-1] < losses[0] - 0.05 and all(b <= a + 1e-6 for a, b in itertools.pairwise(losses))
