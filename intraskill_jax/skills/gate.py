@@ -1,0 +1,325 @@
+"""The validation gate: paired bare / random-mask validation on a frozen checkpoint, the
+contribution fit, and the decision that turns round K's bank into round K+1's.
+
+Arms, all on the same validation tasks, the same checkpoint and the same sampling settings:
+
+* bare:   B_i, no skill (the bare prompt);
+* random: R_i, every column (each active chunk and each pending proposal) on independently with
+          p = 0.5: the only arm that feeds the regression R_i - B_i = C_i^T beta + e_i;
+* full:   F_i, every column on, for the additivity check sum(beta) vs mean(F_i - B_i).
+
+Decision rule (`GateConfig`; the ledger records every outcome with its estimate):
+
+* A column *passes* under `rule`:
+    'positive'        beta > min_effect                       (the original study: point estimates)
+    'significant'     beta > min_effect and the effect is significant: ci_low > min_effect, or
+                      with `bh`, BH-adjusted p < q over all columns
+    'unless_harmful'  not significantly negative: ci_high >= 0, or with `bh`, not (beta < 0 and
+                      adjusted p < q)
+* A rewrite is accepted only if it passes and beats its target: beta_new > beta_old + rewrite_margin
+  (the best such rewrite wins). The chunk keeps its id; its revision goes up.
+* Otherwise an active chunk is retained if it passes and retired if not.
+* An addition is accepted if it passes (it replaces nothing, i.e. it beats the bare prompt).
+* With `max_active`, the lowest-beta survivors beyond the cap are retired.
+
+The coefficients are selection scores for this checkpoint and this mask distribution, not causal
+guarantees: chunks interact (Trace2Skill: "patch value is combinatorial"), which the additivity
+check makes visible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from intraskill_jax import stats
+from intraskill_jax.rl.rollouts import GroupContext
+from intraskill_jax.skills.bank import Chunk, LedgerEntry, Proposal, SkillBank, render_texts
+
+log = logging.getLogger(__name__)
+
+Evaluate = Callable[[Sequence[int], Sequence[GroupContext]], Sequence[float]]
+Rule = Literal["positive", "significant", "unless_harmful"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GateConfig:
+    """The gate's arms and decision rule (see the module docstring).
+
+    Attributes:
+      inclusion: probability each column is on in the random-mask arm.
+      full_arm: run the full-skill arm for the additivity check.
+      rule: which columns pass ('positive', 'significant', 'unless_harmful').
+      min_effect: margin a beta (or its interval) must clear to count as positive.
+      rewrite_margin: how much a rewrite's beta must exceed its target's.
+      bh: Benjamini-Hochberg at `q` replaces the raw intervals in the significance tests.
+      q: BH false-discovery rate.
+      alpha: 1 - confidence level of the reported intervals.
+      cov_type: statsmodels robust covariance of the fit.
+      max_active: cap on the number of active chunks after the decision (None: no cap).
+      bootstrap_resamples: paired-bootstrap resamples for the summary gain (0 skips it).
+      seed: seed of the bootstrap.
+    """
+
+    inclusion: float = 0.5
+    full_arm: bool = True
+    rule: Rule = "positive"
+    min_effect: float = 0.0
+    rewrite_margin: float = 0.0
+    bh: bool = False
+    q: float = 0.1
+    alpha: float = 0.05
+    cov_type: str = "HC3"
+    max_active: int | None = None
+    bootstrap_resamples: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.inclusion < 1.0:
+            raise ValueError(f"inclusion must be in (0, 1) so every column varies, got {self.inclusion}")
+        if self.rule not in ("positive", "significant", "unless_harmful"):
+            raise ValueError(f"rule must be 'positive', 'significant' or 'unless_harmful', got {self.rule!r}")
+        if not 0.0 < self.q < 1.0 or not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"q and alpha must be in (0, 1), got q={self.q}, alpha={self.alpha}")
+        if self.max_active is not None and self.max_active < 0:
+            raise ValueError(f"max_active must be >= 0 or None, got {self.max_active}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnDecision:
+    column: str  # chunk id or proposal id
+    kind: Literal["chunk", "proposal"]
+    passes: bool
+    action: str  # retain / retire / rewrite (on the target) / add / reject / superseded
+    reason: str
+    estimate: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class GateResult:
+    bank: SkillBank  # the next round's bank, with its ledger
+    columns: tuple[str, ...]
+    contributions: stats.Contributions
+    additivity: stats.Additivity | None
+    decisions: tuple[ColumnDecision, ...]
+    masks: np.ndarray  # [n, K] random-arm masks
+    bare: np.ndarray  # [n] B_i
+    random: np.ndarray  # [n] R_i
+    full: np.ndarray | None  # [n] F_i
+    metrics: dict[str, float]
+
+
+def decide(
+    bank: SkillBank,
+    proposals: Sequence[Proposal],
+    contrib: stats.Contributions,
+    config: GateConfig = GateConfig(),
+    extra: dict[str, Any] | None = None,
+) -> tuple[SkillBank, tuple[ColumnDecision, ...]]:
+    """Applies the decision rule to a fit whose columns are `bank.active_ids` then `proposals`."""
+    active = bank.active
+    columns = [c.id for c in active] + [p.id for p in proposals]
+    if contrib.beta.shape[0] != len(columns):
+        raise ValueError(f"fit has {contrib.beta.shape[0]} columns, the bank and proposals {len(columns)}")
+    estimates = [contrib.row(j) for j in range(len(columns))]
+    if config.bh:
+        _, p_adj = stats.benjamini_hochberg(contrib.p, config.q)
+        for est, pa in zip(estimates, p_adj):
+            est["p_adjusted"] = float(pa)
+    passes = [_passes(est, config) for est in estimates]
+    by_id = dict(zip(columns, range(len(columns))))
+
+    best_rewrite: dict[str, Proposal] = {}
+    for prop in proposals:
+        if prop.op != "rewrite" or not passes[by_id[prop.id]]:
+            continue
+        if prop.target not in by_id:
+            raise ValueError(f"proposal {prop.id} rewrites {prop.target!r}, which is not an active chunk")
+        beta_new, beta_old = contrib.beta[by_id[prop.id]], contrib.beta[by_id[prop.target]]
+        current = best_rewrite.get(prop.target)
+        if beta_new > beta_old + config.rewrite_margin and (
+                current is None or beta_new > contrib.beta[by_id[current.id]]):
+            best_rewrite[prop.target] = prop
+
+    decisions: list[ColumnDecision] = []
+    entries: list[LedgerEntry] = []
+    chunks: list[Chunk] = []
+    survivors: list[tuple[float, str]] = []
+    for chunk in bank.chunks:
+        if chunk.status != "active":
+            chunks.append(chunk)
+            continue
+        j = by_id[chunk.id]
+        est = estimates[j]
+        rewrite = best_rewrite.get(chunk.id)
+        if rewrite is not None:
+            k = by_id[rewrite.id]
+            reason = (f"rewrite {rewrite.id} beta {contrib.beta[k]:+.3f} beats the current text's "
+                      f"{contrib.beta[j]:+.3f} by more than {config.rewrite_margin}")
+            chunks.append(dataclasses.replace(chunk, en=rewrite.en, zh=rewrite.zh, title=rewrite.title or chunk.title,
+                                              revision=chunk.revision + 1))
+            entries.append(LedgerEntry(chunk.id, "rewrite", reason, {**estimates[k], "replaced": est},
+                                       rewrite.trajectory_ids, rewrite.source, rewrite.id,
+                                       {"en": chunk.en, "zh": chunk.zh}))
+            decisions.append(ColumnDecision(chunk.id, "chunk", passes[j], "rewrite", reason, est))
+            survivors.append((float(contrib.beta[k]), chunk.id))
+        elif passes[j]:
+            reason = f"passes rule '{config.rule}' (beta {est['beta']:+.3f}, CI [{est['ci_low']:+.3f}, {est['ci_high']:+.3f}])"
+            chunks.append(chunk)
+            entries.append(LedgerEntry(chunk.id, "retain", reason, est))
+            decisions.append(ColumnDecision(chunk.id, "chunk", True, "retain", reason, est))
+            survivors.append((est["beta"], chunk.id))
+        else:
+            reason = f"fails rule '{config.rule}' (beta {est['beta']:+.3f}, CI [{est['ci_low']:+.3f}, {est['ci_high']:+.3f}])"
+            chunks.append(dataclasses.replace(chunk, status="retired"))
+            entries.append(LedgerEntry(chunk.id, "retire", reason, est))
+            decisions.append(ColumnDecision(chunk.id, "chunk", False, "retire", reason, est))
+
+    rejected = []
+    existing = {c.id for c in bank.chunks}
+    for prop in proposals:
+        j = by_id[prop.id]
+        est = estimates[j]
+        if prop.op == "rewrite":
+            won = best_rewrite.get(prop.target) is prop
+            action = "rewrite" if won else ("superseded" if passes[j] else "reject")
+            reason = (f"accepted as the new text of {prop.target}" if won else
+                      f"passes but does not beat {prop.target} or a better rewrite" if passes[j] else
+                      f"fails rule '{config.rule}'")
+        elif passes[j] and prop.id not in existing:
+            action, reason = "add", f"passes rule '{config.rule}' (beta {est['beta']:+.3f})"
+            chunks.append(Chunk(prop.id, prop.en, prop.zh, title=prop.title))
+            entries.append(LedgerEntry(prop.id, "add", reason, est, prop.trajectory_ids, prop.source, prop.id))
+            survivors.append((est["beta"], prop.id))
+        else:
+            action = "reject"
+            reason = f"id {prop.id} already used" if prop.id in existing else f"fails rule '{config.rule}'"
+        decisions.append(ColumnDecision(prop.id, "proposal", passes[j], action, reason, est))
+        if action in ("reject", "superseded"):
+            rejected.append({**prop.to_json(), "estimate": est, "decision": action, "reason": reason})
+
+    if config.max_active is not None and len(survivors) > config.max_active:
+        cut = {cid for _, cid in sorted(survivors, reverse=True)[config.max_active:]}
+        chunks = [dataclasses.replace(c, status="retired") if c.id in cut else c for c in chunks]
+        for i, e in enumerate(entries):
+            if e.chunk_id in cut:
+                entries[i] = dataclasses.replace(e, action="retire", reason=f"{e.reason}; cut by max_active={config.max_active}")
+    ledger_extra = {**(extra or {}), "rejected_proposals": rejected}
+    return bank.next_version(chunks, entries, ledger_extra), tuple(decisions)
+
+
+def _passes(est: dict[str, float], config: GateConfig) -> bool:
+    beta = est["beta"]
+    if config.rule == "positive":
+        return beta > config.min_effect
+    if config.bh:
+        significant = est["p_adjusted"] < config.q
+        positive, negative = significant and beta > config.min_effect, significant and beta < 0
+    else:
+        positive, negative = est["ci_low"] > config.min_effect, est["ci_high"] < 0
+    return positive if config.rule == "significant" else not negative
+
+
+def draw_masks(n: int, k: int, p: float, rng: np.random.Generator, tries: int = 100) -> np.ndarray:
+    """[n, k] independent Bernoulli(p) masks with full column rank (redrawn in the rare other case)."""
+    for _ in range(tries):
+        masks = (rng.random((n, k)) < p).astype(np.int8)
+        if k == 0 or np.linalg.matrix_rank(masks.astype(np.float64)) == k:
+            return masks
+    raise ValueError(f"could not draw identifiable masks for {k} columns over {n} tasks; use more tasks")
+
+
+def run_gate(
+    evaluate: Evaluate,
+    bank: SkillBank,
+    proposals: Sequence[Proposal],
+    validation_task_ids: Sequence[int],
+    rng: np.random.Generator,
+    *,
+    config: GateConfig = GateConfig(),
+    lang: str = "en",
+) -> GateResult:
+    """Runs the arms through `evaluate`, fits the contributions and decides the next bank.
+
+    `evaluate(task_ids, contexts)` plays one episode per (task, context) on the frozen checkpoint
+    and returns their rewards (strict; 1.0 is success). It is called once with all arms
+    concatenated (bare, random, then full) so it can batch them. The gate's contexts carry masks
+    over `columns` (active chunks, then proposals), not over the bank alone.
+    """
+    tasks = [int(t) for t in validation_task_ids]
+    n = len(tasks)
+    texts = [c.text(lang) for c in bank.active] + [p.text(lang) for p in proposals]
+    columns = bank.active_ids + tuple(p.id for p in proposals)
+    k = len(columns)
+    if len(set(columns)) != k:
+        raise ValueError(f"proposal ids must differ from each other and from active chunk ids: {columns}")
+    if n <= k + 1:
+        raise ValueError(f"{n} validation tasks cannot identify {k} contributions; use more tasks")
+    masks = draw_masks(n, k, config.inclusion, rng)
+
+    def context(mask: Sequence[int]) -> GroupContext:
+        return GroupContext(render_texts([t for t, on in zip(texts, mask) if on], lang), tuple(int(v) for v in mask))
+
+    contexts = [context((0,) * k)] * n + [context(m) for m in masks]
+    arm_tasks = tasks * 2
+    if config.full_arm:
+        contexts += [context((1,) * k)] * n
+        arm_tasks += tasks
+    rewards = np.asarray(evaluate(arm_tasks, contexts), np.float64)
+    if rewards.shape != (len(arm_tasks),):
+        raise ValueError(f"evaluate returned {rewards.shape[0] if rewards.ndim else 'a scalar'} rewards "
+                         f"for {len(arm_tasks)} episodes")
+    bare, random = rewards[:n], rewards[n:2 * n]
+    full = rewards[2 * n:] if config.full_arm else None
+    contrib = stats.chunk_contributions(random - bare, masks, cov_type=config.cov_type, alpha=config.alpha,
+                                        names=columns)
+    additivity = stats.additivity_check(contrib, full - bare) if full is not None else None
+    summary = _summary(bare, random, full, config)
+    extra = {
+        "fit": {"columns": list(columns), "n": n, "cov_type": config.cov_type, "alpha": config.alpha,
+                "beta": contrib.beta.tolist(), "se": contrib.se.tolist(), "masks_on_rate": masks.mean(0).tolist()},
+        "additivity": _json_safe(dataclasses.asdict(additivity)) if additivity is not None else None,
+        "summary": _json_safe(summary),
+        "config": dataclasses.asdict(config),
+        "validation_task_ids": tasks,
+    }
+    next_bank, decisions = decide(bank, proposals, contrib, config, extra)
+    metrics = {f"gate/{k_}": v for k_, v in summary.items() if v is not None and math.isfinite(v)}
+    metrics.update({
+        "gate/chunks_before": float(len(bank.active)), "gate/chunks_after": float(len(next_bank.active)),
+        "gate/proposals": float(len(proposals)),
+        **{f"gate/{a}": float(sum(d.action == a for d in decisions)) for a in ("retain", "retire", "rewrite", "add")},
+    })
+    if additivity is not None:
+        metrics.update({"gate/additivity_predicted": additivity.predicted, "gate/additivity_observed": additivity.observed,
+                        "gate/additivity_difference": additivity.difference})
+    log.info("gate round %d -> %d: %s", bank.round, next_bank.round,
+             ", ".join(f"{d.column}={d.action}" for d in decisions))
+    return GateResult(next_bank, columns, contrib, additivity, decisions, masks, bare, random, full, metrics)
+
+
+def _summary(bare: np.ndarray, random: np.ndarray, full: np.ndarray | None, config: GateConfig) -> dict[str, float | None]:
+    """The per-round report: arm means, discordance, paired gain interval and exact McNemar."""
+    ok_b, ok_r = bare >= 1.0, random >= 1.0
+    out: dict[str, float | None] = {
+        "bare_reward": float(bare.mean()), "random_reward": float(random.mean()),
+        "bare_success": float(ok_b.mean()), "random_success": float(ok_r.mean()),
+        "gain_reward": float((random - bare).mean()), "discordance": float((ok_b != ok_r).mean()),
+    }
+    mc = stats.mcnemar_exact(ok_r, ok_b)
+    out["mcnemar_p"] = mc.p
+    if config.bootstrap_resamples > 0:
+        diff = stats.paired_bootstrap(random, bare, n_resamples=config.bootstrap_resamples, seed=config.seed)
+        out["gain_reward_ci_low"], out["gain_reward_ci_high"] = diff.ci_low, diff.ci_high
+    if full is not None:
+        out["full_reward"], out["full_success"] = float(full.mean()), float((full >= 1.0).mean())
+    return out
+
+
+def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
