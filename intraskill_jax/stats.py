@@ -40,8 +40,14 @@ class Contributions:
 
     def row(self, j: int) -> dict[str, float]:
         """Column j as a JSON-able mapping (what the ledger stores)."""
-        return {"beta": float(self.beta[j]), "se": float(self.se[j]), "ci_low": float(self.ci_low[j]),
-                "ci_high": float(self.ci_high[j]), "p": float(self.p[j]), "n": int(self.n)}
+        return {
+            "beta": float(self.beta[j]),
+            "se": float(self.se[j]),
+            "ci_low": float(self.ci_low[j]),
+            "ci_high": float(self.ci_high[j]),
+            "p": float(self.p[j]),
+            "n": int(self.n),
+        }
 
 
 def chunk_contributions(
@@ -79,13 +85,17 @@ def chunk_contributions(
     if n <= k:
         raise ValueError(f"need more tasks than columns to fit {k} contributions; got n={n}")
     if np.linalg.matrix_rank(x) < k:
-        raise ValueError("mask columns are collinear (a chunk never on, or two chunks always together); "
-                         "beta is not identified: draw more or other masks")
+        raise ValueError(
+            "mask columns are collinear (a chunk never on, or two chunks always together); "
+            "beta is not identified: draw more or other masks"
+        )
     if cov_type == "HC3":
         leverage = np.einsum("ij,jk,ik->i", x, np.linalg.inv(x.T @ x), x)
         if leverage.max() > 1 - 1e-10:
-            raise ValueError("a single task determines a coefficient (leverage 1), so HC3 is undefined; "
-                             "use more tasks or masks")
+            raise ValueError(
+                "a single task determines a coefficient (leverage 1), so HC3 is undefined; "
+                "use more tasks or masks"
+            )
     cov_kwds = None
     if cov_type == "cluster":
         if groups is None:
@@ -94,8 +104,15 @@ def chunk_contributions(
     fit = sm.OLS(y, x).fit(cov_type=cov_type, cov_kwds=cov_kwds, use_t=use_t)
     ci = np.asarray(fit.conf_int(alpha=alpha))
     return Contributions(
-        beta=np.asarray(fit.params), se=np.asarray(fit.bse), ci_low=ci[:, 0], ci_high=ci[:, 1],
-        p=np.asarray(fit.pvalues), n=n, cov=np.asarray(fit.cov_params()), cov_type=cov_type, alpha=alpha,
+        beta=np.asarray(fit.params),
+        se=np.asarray(fit.bse),
+        ci_low=ci[:, 0],
+        ci_high=ci[:, 1],
+        p=np.asarray(fit.pvalues),
+        n=n,
+        cov=np.asarray(fit.cov_params()),
+        cov_type=cov_type,
+        alpha=alpha,
         names=tuple(names),
     )
 
@@ -120,7 +137,9 @@ class Additivity:
         return self.ci_low <= 0.0 <= self.ci_high
 
 
-def additivity_check(contrib: Contributions, full_deltas: Sequence[float] | np.ndarray) -> Additivity:
+def additivity_check(
+    contrib: Contributions, full_deltas: Sequence[float] | np.ndarray
+) -> Additivity:
     """Compares sum_j beta_j with mean(F_i - B_i) from a full-skill arm.
 
     The two estimates are treated as independent. On the same tasks both contain -B_i, so they
@@ -138,10 +157,22 @@ def additivity_check(contrib: Contributions, full_deltas: Sequence[float] | np.n
     se = float(np.hypot(predicted_se, observed_se))
     z = sps.norm.ppf(1 - contrib.alpha / 2)
     p = float(2 * sps.norm.sf(abs(diff) / se)) if se > 0 else float(diff == 0.0)
-    return Additivity(predicted, predicted_se, observed, observed_se, diff, diff - z * se, diff + z * se, p, d.size)
+    return Additivity(
+        predicted,
+        predicted_se,
+        observed,
+        observed_se,
+        diff,
+        diff - z * se,
+        diff + z * se,
+        p,
+        d.size,
+    )
 
 
-def benjamini_hochberg(p: Sequence[float] | np.ndarray, q: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+def benjamini_hochberg(
+    p: Sequence[float] | np.ndarray, q: float = 0.05
+) -> tuple[np.ndarray, np.ndarray]:
     """(reject [K] bool, BH-adjusted p [K]) at false-discovery rate q."""
     p = np.asarray(p, np.float64)
     if p.size == 0:
@@ -176,15 +207,29 @@ def paired_bootstrap(
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     if a.shape != b.shape or a.ndim != 1 or a.size < 2:
-        raise ValueError(f"need two paired 1-D samples of equal length >= 2; got {a.shape} and {b.shape}")
+        raise ValueError(
+            f"need two paired 1-D samples of equal length >= 2; got {a.shape} and {b.shape}"
+        )
     d = a - b
     if np.all(d == d[0]):
         return PairedDifference(float(d[0]), float(d[0]), float(d[0]), d.size, "degenerate")
-    res = sps.bootstrap((a, b), lambda x, y, axis=-1: np.mean(x - y, axis=axis), paired=True, vectorized=True,
-                        confidence_level=confidence, n_resamples=n_resamples, method=method,
-                        rng=np.random.default_rng(seed))
-    return PairedDifference(float(d.mean()), float(res.confidence_interval.low),
-                            float(res.confidence_interval.high), d.size, method)
+    res = sps.bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: np.mean(x - y, axis=axis),
+        paired=True,
+        vectorized=True,
+        confidence_level=confidence,
+        n_resamples=n_resamples,
+        method=method,
+        rng=np.random.default_rng(seed),
+    )
+    return PairedDifference(
+        float(d.mean()),
+        float(res.confidence_interval.low),
+        float(res.confidence_interval.high),
+        d.size,
+        method,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,7 +42,9 @@ def test_contributions_equal_statsmodels_and_numpy(seed, n, k):
     np.testing.assert_allclose(got.cov, cov, rtol=1e-9, atol=1e-14)
     z = sps.norm.ppf(0.975)
     np.testing.assert_allclose(got.ci_low, beta - z * np.sqrt(np.diag(cov)), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(got.p, 2 * sps.norm.sf(np.abs(beta) / np.sqrt(np.diag(cov))), rtol=1e-8)
+    np.testing.assert_allclose(
+        got.p, 2 * sps.norm.sf(np.abs(beta) / np.sqrt(np.diag(cov))), rtol=1e-8
+    )
 
 
 def test_no_intercept_recovers_known_betas_exactly_without_noise():
@@ -83,7 +85,9 @@ def test_additivity_check():
     a = stats.additivity_check(c, full)
     assert a.predicted == pytest.approx(c.beta.sum())
     assert a.predicted_se == pytest.approx(np.sqrt(c.cov.sum()))
-    assert a.observed == pytest.approx(c.beta.sum()) and a.difference == pytest.approx(0.0, abs=1e-12)
+    assert a.observed == pytest.approx(c.beta.sum()) and a.difference == pytest.approx(
+        0.0, abs=1e-12
+    )
     assert a.consistent and a.n_full == 300
     far = stats.additivity_check(c, full + 1.0)
     assert not far.consistent and far.p < 1e-6
@@ -111,7 +115,12 @@ def test_paired_bootstrap_interval():
     assert d.ci_low < d.difference < d.ci_high
     assert (d.ci_high - d.ci_low) == pytest.approx(2 * clt, rel=0.15)
     same = stats.paired_bootstrap(b, b)
-    assert (same.difference, same.ci_low, same.ci_high, same.method) == (0.0, 0.0, 0.0, "degenerate")
+    assert (same.difference, same.ci_low, same.ci_high, same.method) == (
+        0.0,
+        0.0,
+        0.0,
+        "degenerate",
+    )
     with pytest.raises(ValueError):
         stats.paired_bootstrap(a, b[:10])
 

@@ -59,15 +59,21 @@ class Chunk:
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.id) or len(self.id) > 64:
-            raise BankFormatError(f"chunk id {self.id!r} must be kebab-case (a-z, 0-9, '-'), at most 64 chars")
+            raise BankFormatError(
+                f"chunk id {self.id!r} must be kebab-case (a-z, 0-9, '-'), at most 64 chars"
+            )
         if self.status not in ("active", "retired"):
-            raise BankFormatError(f"chunk {self.id}: status must be 'active' or 'retired', got {self.status!r}")
+            raise BankFormatError(
+                f"chunk {self.id}: status must be 'active' or 'retired', got {self.status!r}"
+            )
         for lang in LANGS:
             text = self.text(lang)
             if not text.strip():
                 raise BankFormatError(f"chunk {self.id}: empty {lang} text")
             if CONTROL_MARKUP.search(text):
-                raise BankFormatError(f"chunk {self.id}: {lang} text contains chat/tool markup; remove it")
+                raise BankFormatError(
+                    f"chunk {self.id}: {lang} text contains chat/tool markup; remove it"
+                )
 
     def text(self, lang: str) -> str:
         if lang not in LANGS:
@@ -107,9 +113,14 @@ class LedgerEntry:
     def from_json(cls, d: Mapping[str, Any]) -> LedgerEntry:
         try:
             return cls(
-                chunk_id=d["chunk_id"], action=d["action"], reason=d["reason"], estimate=d.get("estimate"),
-                trajectory_ids=tuple(d.get("trajectory_ids", ())), source=d.get("source", ""),
-                proposal_id=d.get("proposal_id"), previous_text=d.get("previous_text"),
+                chunk_id=d["chunk_id"],
+                action=d["action"],
+                reason=d["reason"],
+                estimate=d.get("estimate"),
+                trajectory_ids=tuple(d.get("trajectory_ids", ())),
+                source=d.get("source", ""),
+                proposal_id=d.get("proposal_id"),
+                previous_text=d.get("previous_text"),
             )
         except KeyError as e:
             raise BankFormatError(f"ledger entry {dict(d)!r} lacks {e}") from None
@@ -137,7 +148,9 @@ class Proposal:
         if self.op not in ("add", "rewrite"):
             raise ValueError(f"proposal op must be 'add' or 'rewrite', got {self.op!r}")
         if (self.op == "rewrite") != (self.target is not None):
-            raise ValueError(f"proposal {self.id}: a rewrite needs a target chunk and an add must not have one")
+            raise ValueError(
+                f"proposal {self.id}: a rewrite needs a target chunk and an add must not have one"
+            )
 
     def text(self, lang: str) -> str:
         return self.en if lang == "en" else self.zh
@@ -167,12 +180,20 @@ class SkillBank:
     chunks: tuple[Chunk, ...]
     round: int = 0
     ledger: tuple[LedgerEntry, ...] = ()
-    ledger_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # fit summary, additivity
+    ledger_extra: Mapping[str, Any] = dataclasses.field(
+        default_factory=dict
+    )  # fit summary, additivity
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name) or len(self.name) > 64:
-            raise BankFormatError(f"skill name {self.name!r} must be kebab-case (a-z, 0-9, '-'), at most 64 chars")
-        if not 1 <= len(self.description) <= 1024 or "<" in self.description or ">" in self.description:
+            raise BankFormatError(
+                f"skill name {self.name!r} must be kebab-case (a-z, 0-9, '-'), at most 64 chars"
+            )
+        if (
+            not 1 <= len(self.description) <= 1024
+            or "<" in self.description
+            or ">" in self.description
+        ):
             raise BankFormatError("skill description must be 1-1024 characters without '<' or '>'")
         ids = [c.id for c in self.chunks]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
@@ -199,7 +220,9 @@ class SkillBank:
         """The skill text for a mask over `active` chunks; an all-zero mask gives ""."""
         active = self.active
         if len(mask) != len(active):
-            raise ValueError(f"mask has {len(mask)} entries for {len(active)} active chunks of {self.name}")
+            raise ValueError(
+                f"mask has {len(mask)} entries for {len(active)} active chunks of {self.name}"
+            )
         return render_texts([c.text(lang) for c, on in zip(active, mask) if on], lang)
 
     def full_mask(self) -> tuple[int, ...]:
@@ -207,7 +230,11 @@ class SkillBank:
 
     def estimates(self) -> dict[str, Mapping[str, float]]:
         """The latest estimate per chunk id, from this round's ledger (empty before the first gate)."""
-        return {e.chunk_id: e.estimate for e in self.ledger if e.estimate is not None and e.action != "retire"}
+        return {
+            e.chunk_id: e.estimate
+            for e in self.ledger
+            if e.estimate is not None and e.action != "retire"
+        }
 
     # -- I/O ---------------------------------------------------------------------------------
 
@@ -221,20 +248,28 @@ class SkillBank:
         front, _ = _split_front(md.read_text(encoding="utf-8"), md)
         unknown = set(front) - _SKILL_KEYS
         if unknown:
-            raise BankFormatError(f"{md}: unknown front-matter keys {sorted(unknown)}; allowed {sorted(_SKILL_KEYS)}")
+            raise BankFormatError(
+                f"{md}: unknown front-matter keys {sorted(unknown)}; allowed {sorted(_SKILL_KEYS)}"
+            )
         name = front.get("name")
         if name != skill_dir.name:
-            raise BankFormatError(f"{md}: name {name!r} must equal the directory name {skill_dir.name!r}")
+            raise BankFormatError(
+                f"{md}: name {name!r} must equal the directory name {skill_dir.name!r}"
+            )
         metadata = front.get("metadata") or {}
         try:
             round_ = int(metadata.get("round", 0))
             order = [s for s in str(metadata.get("chunks", "")).split() if s]
         except (TypeError, ValueError, AttributeError):
-            raise BankFormatError(f"{md}: metadata must map 'round' to an integer and 'chunks' to ids") from None
+            raise BankFormatError(
+                f"{md}: metadata must map 'round' to an integer and 'chunks' to ids"
+            ) from None
         files = {p.stem: p for p in sorted((skill_dir / "chunks").glob("*.md"))}
         missing = [i for i in order if i not in files]
         if missing:
-            raise BankFormatError(f"{md}: metadata.chunks lists {missing} with no file under chunks/")
+            raise BankFormatError(
+                f"{md}: metadata.chunks lists {missing} with no file under chunks/"
+            )
         order += [i for i in files if i not in order]
         chunks = tuple(_read_chunk(files[i]) for i in order)
         ledger: tuple[LedgerEntry, ...] = ()
@@ -242,15 +277,25 @@ class SkillBank:
         if ledger_path is not None:
             ledger, extra, ledger_round = read_ledger(ledger_path)
             if ledger_round != round_:
-                raise BankFormatError(f"{ledger_path} is for round {ledger_round}, the skill for round {round_}")
-        return cls(name=name, description=str(front.get("description", "")), chunks=chunks, round=round_,
-                   ledger=ledger, ledger_extra=extra)
+                raise BankFormatError(
+                    f"{ledger_path} is for round {ledger_round}, the skill for round {round_}"
+                )
+        return cls(
+            name=name,
+            description=str(front.get("description", "")),
+            chunks=chunks,
+            round=round_,
+            ledger=ledger,
+            ledger_extra=extra,
+        )
 
     def save(self, skill_dir: str | Path) -> Path:
         """Writes the skill directory (named after the bank); stale chunk files are removed."""
         skill_dir = Path(skill_dir)
         if skill_dir.name != self.name:
-            raise BankFormatError(f"skill {self.name} must be saved in a directory named {self.name}, not {skill_dir}")
+            raise BankFormatError(
+                f"skill {self.name} must be saved in a directory named {self.name}, not {skill_dir}"
+            )
         (skill_dir / "chunks").mkdir(parents=True, exist_ok=True)
         keep = {f"{c.id}.md" for c in self.chunks}
         for p in (skill_dir / "chunks").glob("*.md"):
@@ -262,14 +307,25 @@ class SkillBank:
         return skill_dir
 
     def _skill_markdown(self) -> str:
-        front = {"name": self.name, "description": self.description,
-                 "metadata": {"round": str(self.round), "chunks": " ".join(c.id for c in self.chunks)}}
-        lines = ["---", yaml.safe_dump(front, allow_unicode=True, sort_keys=False, width=100).rstrip(), "---", "",
-                 "# Shopping procedures", "",
-                 "Scene-level chunks, one file each under `chunks/`, each in English and Chinese. During",
-                 "training every chunk is switched on or off independently, so each one stands alone.",
-                 "Contribution estimates and decisions live in the round ledger, never here.", "",
-                 "## Chunks", ""]
+        front = {
+            "name": self.name,
+            "description": self.description,
+            "metadata": {"round": str(self.round), "chunks": " ".join(c.id for c in self.chunks)},
+        }
+        lines = [
+            "---",
+            yaml.safe_dump(front, allow_unicode=True, sort_keys=False, width=100).rstrip(),
+            "---",
+            "",
+            "# Shopping procedures",
+            "",
+            "Scene-level chunks, one file each under `chunks/`, each in English and Chinese. During",
+            "training every chunk is switched on or off independently, so each one stands alone.",
+            "Contribution estimates and decisions live in the round ledger, never here.",
+            "",
+            "## Chunks",
+            "",
+        ]
         lines += [f"- [{c.id}](chunks/{c.id}.md): {c.title}" for c in self.active]
         retired = [c for c in self.chunks if c.status == "retired"]
         if retired:
@@ -281,7 +337,9 @@ class SkillBank:
         """Writes `<workdir>/skills/round_K/` with the skill directory and `ledger.json`; returns it."""
         round_dir = round_path(workdir, self.round)
         self.save(round_dir / self.name)
-        write_ledger(round_dir / "ledger.json", self.round, self.name, self.ledger, self.ledger_extra)
+        write_ledger(
+            round_dir / "ledger.json", self.round, self.name, self.ledger, self.ledger_extra
+        )
         return round_dir
 
     @classmethod
@@ -289,18 +347,30 @@ class SkillBank:
         round_dir = round_path(workdir, round_)
         ledger = round_dir / "ledger.json"
         if not ledger.is_file():
-            raise BankFormatError(f"{ledger} not found: round {round_} was never written under {workdir}")
+            raise BankFormatError(
+                f"{ledger} not found: round {round_} was never written under {workdir}"
+            )
         name = json.loads(ledger.read_text(encoding="utf-8")).get("skill")
         if not isinstance(name, str):
             raise BankFormatError(f"{ledger}: missing the 'skill' directory name")
         return cls.load(round_dir / name, ledger)
 
-    def next_version(self, chunks: Iterable[Chunk], ledger: Iterable[LedgerEntry],
-                     extra: Mapping[str, Any] | None = None) -> SkillBank:
+    def next_version(
+        self,
+        chunks: Iterable[Chunk],
+        ledger: Iterable[LedgerEntry],
+        extra: Mapping[str, Any] | None = None,
+    ) -> SkillBank:
         """The bank of the following round (named s<K+1>), carrying that round's ledger."""
         r = self.round + 1
-        return dataclasses.replace(self, name=f"s{r}", chunks=tuple(chunks), round=r, ledger=tuple(ledger),
-                                   ledger_extra=dict(extra or {}))
+        return dataclasses.replace(
+            self,
+            name=f"s{r}",
+            chunks=tuple(chunks),
+            round=r,
+            ledger=tuple(ledger),
+            ledger_extra=dict(extra or {}),
+        )
 
 
 def round_path(workdir: str | Path, round_: int) -> Path:
@@ -309,18 +379,33 @@ def round_path(workdir: str | Path, round_: int) -> Path:
 
 def latest_round(workdir: str | Path) -> int | None:
     """The highest K with a `skills/round_K/ledger.json` under `workdir` (None if there is none)."""
-    rounds = [int(p.parent.name.split("_", 1)[1]) for p in (Path(workdir) / "skills").glob("round_*/ledger.json")
-              if p.parent.name.split("_", 1)[1].isdigit()]
+    rounds = [
+        int(p.parent.name.split("_", 1)[1])
+        for p in (Path(workdir) / "skills").glob("round_*/ledger.json")
+        if p.parent.name.split("_", 1)[1].isdigit()
+    ]
     return max(rounds) if rounds else None
 
 
-def write_ledger(path: str | Path, round_: int, skill: str, entries: Iterable[LedgerEntry],
-                 extra: Mapping[str, Any] | None = None) -> None:
+def write_ledger(
+    path: str | Path,
+    round_: int,
+    skill: str,
+    entries: Iterable[LedgerEntry],
+    extra: Mapping[str, Any] | None = None,
+) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"round": round_, "skill": skill, "entries": [e.to_json() for e in entries], **dict(extra or {})}
+    doc = {
+        "round": round_,
+        "skill": skill,
+        "entries": [e.to_json() for e in entries],
+        **dict(extra or {}),
+    }
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, ensure_ascii=False, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.write_text(
+        json.dumps(doc, ensure_ascii=False, indent=1, allow_nan=False) + "\n", encoding="utf-8"
+    )
     tmp.replace(path)  # a reader never sees half a ledger
 
 
@@ -330,8 +415,14 @@ def read_ledger(path: str | Path) -> tuple[tuple[LedgerEntry, ...], dict[str, An
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise BankFormatError(f"cannot read ledger {path}: {e}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list) or not isinstance(doc.get("round"), int):
-        raise BankFormatError(f"{path}: a ledger is an object with an integer 'round' and a list 'entries'")
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("entries"), list)
+        or not isinstance(doc.get("round"), int)
+    ):
+        raise BankFormatError(
+            f"{path}: a ledger is an object with an integer 'round' and a list 'entries'"
+        )
     extra = {k: v for k, v in doc.items() if k not in ("round", "skill", "entries")}
     return tuple(LedgerEntry.from_json(e) for e in doc["entries"]), extra, doc["round"]
 
@@ -346,13 +437,15 @@ def _split_front(text: str, path: Path) -> tuple[dict[str, Any], str]:
         raise BankFormatError(f"{path}: front matter is not valid YAML: {e}") from None
     if not isinstance(front, dict):
         raise BankFormatError(f"{path}: front matter must be a mapping")
-    return front, text[m.end():]
+    return front, text[m.end() :]
 
 
 def _read_chunk(path: Path) -> Chunk:
     front, body = _split_front(path.read_text(encoding="utf-8"), path)
     if front.get("id") != path.stem:
-        raise BankFormatError(f"{path}: id {front.get('id')!r} must equal the file name {path.stem!r}")
+        raise BankFormatError(
+            f"{path}: id {front.get('id')!r} must equal the file name {path.stem!r}"
+        )
     parts = _SECTION.split(body)
     # split gives [preamble, lang, text, lang, text, ...]
     texts: dict[str, str] = {}
@@ -364,8 +457,14 @@ def _read_chunk(path: Path) -> Chunk:
     if missing:
         raise BankFormatError(f"{path}: missing section(s) {', '.join('## ' + m for m in missing)}")
     try:
-        return Chunk(id=front["id"], en=texts["en"], zh=texts["zh"], title=str(front.get("title", "")),
-                     status=front.get("status", "active"), revision=int(front.get("revision", 0)))
+        return Chunk(
+            id=front["id"],
+            en=texts["en"],
+            zh=texts["zh"],
+            title=str(front.get("title", "")),
+            status=front.get("status", "active"),
+            revision=int(front.get("revision", 0)),
+        )
     except BankFormatError as e:
         raise BankFormatError(f"{path}: {e}") from None
     except (TypeError, ValueError):
@@ -373,6 +472,10 @@ def _read_chunk(path: Path) -> Chunk:
 
 
 def _chunk_markdown(c: Chunk) -> str:
-    front = yaml.safe_dump({"id": c.id, "title": c.title, "status": c.status, "revision": c.revision},
-                           allow_unicode=True, sort_keys=False, width=1000)
+    front = yaml.safe_dump(
+        {"id": c.id, "title": c.title, "status": c.status, "revision": c.revision},
+        allow_unicode=True,
+        sort_keys=False,
+        width=1000,
+    )
     return f"---\n{front}---\n\n## en\n\n{c.en}\n\n## zh\n\n{c.zh}\n"

@@ -81,9 +81,13 @@ class GateConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.inclusion < 1.0:
-            raise ValueError(f"inclusion must be in (0, 1) so every column varies, got {self.inclusion}")
+            raise ValueError(
+                f"inclusion must be in (0, 1) so every column varies, got {self.inclusion}"
+            )
         if self.rule not in ("positive", "significant", "unless_harmful"):
-            raise ValueError(f"rule must be 'positive', 'significant' or 'unless_harmful', got {self.rule!r}")
+            raise ValueError(
+                f"rule must be 'positive', 'significant' or 'unless_harmful', got {self.rule!r}"
+            )
         if not 0.0 < self.q < 1.0 or not 0.0 < self.alpha < 1.0:
             raise ValueError(f"q and alpha must be in (0, 1), got q={self.q}, alpha={self.alpha}")
         if self.max_active is not None and self.max_active < 0:
@@ -125,7 +129,9 @@ def decide(
     active = bank.active
     columns = [c.id for c in active] + [p.id for p in proposals]
     if contrib.beta.shape[0] != len(columns):
-        raise ValueError(f"fit has {contrib.beta.shape[0]} columns, the bank and proposals {len(columns)}")
+        raise ValueError(
+            f"fit has {contrib.beta.shape[0]} columns, the bank and proposals {len(columns)}"
+        )
     estimates = [contrib.row(j) for j in range(len(columns))]
     if config.bh:
         _, p_adj = stats.benjamini_hochberg(contrib.p, config.q)
@@ -139,11 +145,14 @@ def decide(
         if prop.op != "rewrite" or not passes[by_id[prop.id]]:
             continue
         if prop.target not in by_id:
-            raise ValueError(f"proposal {prop.id} rewrites {prop.target!r}, which is not an active chunk")
+            raise ValueError(
+                f"proposal {prop.id} rewrites {prop.target!r}, which is not an active chunk"
+            )
         beta_new, beta_old = contrib.beta[by_id[prop.id]], contrib.beta[by_id[prop.target]]
         current = best_rewrite.get(prop.target)
         if beta_new > beta_old + config.rewrite_margin and (
-                current is None or beta_new > contrib.beta[by_id[current.id]]):
+            current is None or beta_new > contrib.beta[by_id[current.id]]
+        ):
             best_rewrite[prop.target] = prop
 
     decisions: list[ColumnDecision] = []
@@ -159,13 +168,31 @@ def decide(
         rewrite = best_rewrite.get(chunk.id)
         if rewrite is not None:
             k = by_id[rewrite.id]
-            reason = (f"rewrite {rewrite.id} beta {contrib.beta[k]:+.3f} beats the current text's "
-                      f"{contrib.beta[j]:+.3f} by more than {config.rewrite_margin}")
-            chunks.append(dataclasses.replace(chunk, en=rewrite.en, zh=rewrite.zh, title=rewrite.title or chunk.title,
-                                              revision=chunk.revision + 1))
-            entries.append(LedgerEntry(chunk.id, "rewrite", reason, {**estimates[k], "replaced": est},
-                                       rewrite.trajectory_ids, rewrite.source, rewrite.id,
-                                       {"en": chunk.en, "zh": chunk.zh}))
+            reason = (
+                f"rewrite {rewrite.id} beta {contrib.beta[k]:+.3f} beats the current text's "
+                f"{contrib.beta[j]:+.3f} by more than {config.rewrite_margin}"
+            )
+            chunks.append(
+                dataclasses.replace(
+                    chunk,
+                    en=rewrite.en,
+                    zh=rewrite.zh,
+                    title=rewrite.title or chunk.title,
+                    revision=chunk.revision + 1,
+                )
+            )
+            entries.append(
+                LedgerEntry(
+                    chunk.id,
+                    "rewrite",
+                    reason,
+                    {**estimates[k], "replaced": est},
+                    rewrite.trajectory_ids,
+                    rewrite.source,
+                    rewrite.id,
+                    {"en": chunk.en, "zh": chunk.zh},
+                )
+            )
             decisions.append(ColumnDecision(chunk.id, "chunk", passes[j], "rewrite", reason, est))
             survivors.append((float(contrib.beta[k]), chunk.id))
         elif passes[j]:
@@ -188,27 +215,41 @@ def decide(
         if prop.op == "rewrite":
             won = best_rewrite.get(prop.target) is prop
             action = "rewrite" if won else ("superseded" if passes[j] else "reject")
-            reason = (f"accepted as the new text of {prop.target}" if won else
-                      f"passes but does not beat {prop.target} or a better rewrite" if passes[j] else
-                      f"fails rule '{config.rule}'")
+            reason = (
+                f"accepted as the new text of {prop.target}"
+                if won
+                else f"passes but does not beat {prop.target} or a better rewrite"
+                if passes[j]
+                else f"fails rule '{config.rule}'"
+            )
         elif passes[j] and prop.id not in existing:
             action, reason = "add", f"passes rule '{config.rule}' (beta {est['beta']:+.3f})"
             chunks.append(Chunk(prop.id, prop.en, prop.zh, title=prop.title))
-            entries.append(LedgerEntry(prop.id, "add", reason, est, prop.trajectory_ids, prop.source, prop.id))
+            entries.append(
+                LedgerEntry(prop.id, "add", reason, est, prop.trajectory_ids, prop.source, prop.id)
+            )
             survivors.append((est["beta"], prop.id))
         else:
             action = "reject"
-            reason = f"id {prop.id} already used" if prop.id in existing else f"fails rule '{config.rule}'"
+            reason = (
+                f"id {prop.id} already used"
+                if prop.id in existing
+                else f"fails rule '{config.rule}'"
+            )
         decisions.append(ColumnDecision(prop.id, "proposal", passes[j], action, reason, est))
         if action in ("reject", "superseded"):
-            rejected.append({**prop.to_json(), "estimate": est, "decision": action, "reason": reason})
+            rejected.append(
+                {**prop.to_json(), "estimate": est, "decision": action, "reason": reason}
+            )
 
     if config.max_active is not None and len(survivors) > config.max_active:
-        cut = {cid for _, cid in sorted(survivors, reverse=True)[config.max_active:]}
+        cut = {cid for _, cid in sorted(survivors, reverse=True)[config.max_active :]}
         chunks = [dataclasses.replace(c, status="retired") if c.id in cut else c for c in chunks]
         for i, e in enumerate(entries):
             if e.chunk_id in cut:
-                entries[i] = dataclasses.replace(e, action="retire", reason=f"{e.reason}; cut by max_active={config.max_active}")
+                entries[i] = dataclasses.replace(
+                    e, action="retire", reason=f"{e.reason}; cut by max_active={config.max_active}"
+                )
     ledger_extra = {**(extra or {}), "rejected_proposals": rejected}
     return bank.next_version(chunks, entries, ledger_extra), tuple(decisions)
 
@@ -231,7 +272,9 @@ def draw_masks(n: int, k: int, p: float, rng: np.random.Generator, tries: int = 
         masks = (rng.random((n, k)) < p).astype(np.int8)
         if k == 0 or np.linalg.matrix_rank(masks.astype(np.float64)) == k:
             return masks
-    raise ValueError(f"could not draw identifiable masks for {k} columns over {n} tasks; use more tasks")
+    raise ValueError(
+        f"could not draw identifiable masks for {k} columns over {n} tasks; use more tasks"
+    )
 
 
 def run_gate(
@@ -257,13 +300,17 @@ def run_gate(
     columns = bank.active_ids + tuple(p.id for p in proposals)
     k = len(columns)
     if len(set(columns)) != k:
-        raise ValueError(f"proposal ids must differ from each other and from active chunk ids: {columns}")
+        raise ValueError(
+            f"proposal ids must differ from each other and from active chunk ids: {columns}"
+        )
     if n <= k + 1:
         raise ValueError(f"{n} validation tasks cannot identify {k} contributions; use more tasks")
     masks = draw_masks(n, k, config.inclusion, rng)
 
     def context(mask: Sequence[int]) -> GroupContext:
-        return GroupContext(render_texts([t for t, on in zip(texts, mask) if on], lang), tuple(int(v) for v in mask))
+        return GroupContext(
+            render_texts([t for t, on in zip(texts, mask) if on], lang), tuple(int(v) for v in mask)
+        )
 
     contexts = [context((0,) * k)] * n + [context(m) for m in masks]
     arm_tasks = tasks * 2
@@ -272,49 +319,85 @@ def run_gate(
         arm_tasks += tasks
     rewards = np.asarray(evaluate(arm_tasks, contexts), np.float64)
     if rewards.shape != (len(arm_tasks),):
-        raise ValueError(f"evaluate returned {rewards.shape[0] if rewards.ndim else 'a scalar'} rewards "
-                         f"for {len(arm_tasks)} episodes")
-    bare, random = rewards[:n], rewards[n:2 * n]
-    full = rewards[2 * n:] if config.full_arm else None
-    contrib = stats.chunk_contributions(random - bare, masks, cov_type=config.cov_type, alpha=config.alpha,
-                                        names=columns)
+        raise ValueError(
+            f"evaluate returned {rewards.shape[0] if rewards.ndim else 'a scalar'} rewards "
+            f"for {len(arm_tasks)} episodes"
+        )
+    bare, random = rewards[:n], rewards[n : 2 * n]
+    full = rewards[2 * n :] if config.full_arm else None
+    contrib = stats.chunk_contributions(
+        random - bare, masks, cov_type=config.cov_type, alpha=config.alpha, names=columns
+    )
     additivity = stats.additivity_check(contrib, full - bare) if full is not None else None
     summary = _summary(bare, random, full, config)
     extra = {
-        "fit": {"columns": list(columns), "n": n, "cov_type": config.cov_type, "alpha": config.alpha,
-                "beta": contrib.beta.tolist(), "se": contrib.se.tolist(), "masks_on_rate": masks.mean(0).tolist()},
-        "additivity": _json_safe(dataclasses.asdict(additivity)) if additivity is not None else None,
+        "fit": {
+            "columns": list(columns),
+            "n": n,
+            "cov_type": config.cov_type,
+            "alpha": config.alpha,
+            "beta": contrib.beta.tolist(),
+            "se": contrib.se.tolist(),
+            "masks_on_rate": masks.mean(0).tolist(),
+        },
+        "additivity": _json_safe(dataclasses.asdict(additivity))
+        if additivity is not None
+        else None,
         "summary": _json_safe(summary),
         "config": dataclasses.asdict(config),
         "validation_task_ids": tasks,
     }
     next_bank, decisions = decide(bank, proposals, contrib, config, extra)
     metrics = {f"gate/{k_}": v for k_, v in summary.items() if v is not None and math.isfinite(v)}
-    metrics.update({
-        "gate/chunks_before": float(len(bank.active)), "gate/chunks_after": float(len(next_bank.active)),
-        "gate/proposals": float(len(proposals)),
-        **{f"gate/{a}": float(sum(d.action == a for d in decisions)) for a in ("retain", "retire", "rewrite", "add")},
-    })
+    metrics.update(
+        {
+            "gate/chunks_before": float(len(bank.active)),
+            "gate/chunks_after": float(len(next_bank.active)),
+            "gate/proposals": float(len(proposals)),
+            **{
+                f"gate/{a}": float(sum(d.action == a for d in decisions))
+                for a in ("retain", "retire", "rewrite", "add")
+            },
+        }
+    )
     if additivity is not None:
-        metrics.update({"gate/additivity_predicted": additivity.predicted, "gate/additivity_observed": additivity.observed,
-                        "gate/additivity_difference": additivity.difference})
-    log.info("gate round %d -> %d: %s", bank.round, next_bank.round,
-             ", ".join(f"{d.column}={d.action}" for d in decisions))
-    return GateResult(next_bank, columns, contrib, additivity, decisions, masks, bare, random, full, metrics)
+        metrics.update(
+            {
+                "gate/additivity_predicted": additivity.predicted,
+                "gate/additivity_observed": additivity.observed,
+                "gate/additivity_difference": additivity.difference,
+            }
+        )
+    log.info(
+        "gate round %d -> %d: %s",
+        bank.round,
+        next_bank.round,
+        ", ".join(f"{d.column}={d.action}" for d in decisions),
+    )
+    return GateResult(
+        next_bank, columns, contrib, additivity, decisions, masks, bare, random, full, metrics
+    )
 
 
-def _summary(bare: np.ndarray, random: np.ndarray, full: np.ndarray | None, config: GateConfig) -> dict[str, float | None]:
+def _summary(
+    bare: np.ndarray, random: np.ndarray, full: np.ndarray | None, config: GateConfig
+) -> dict[str, float | None]:
     """The per-round report: arm means, discordance, paired gain interval and exact McNemar."""
     ok_b, ok_r = bare >= 1.0, random >= 1.0
     out: dict[str, float | None] = {
-        "bare_reward": float(bare.mean()), "random_reward": float(random.mean()),
-        "bare_success": float(ok_b.mean()), "random_success": float(ok_r.mean()),
-        "gain_reward": float((random - bare).mean()), "discordance": float((ok_b != ok_r).mean()),
+        "bare_reward": float(bare.mean()),
+        "random_reward": float(random.mean()),
+        "bare_success": float(ok_b.mean()),
+        "random_success": float(ok_r.mean()),
+        "gain_reward": float((random - bare).mean()),
+        "discordance": float((ok_b != ok_r).mean()),
     }
     mc = stats.mcnemar_exact(ok_r, ok_b)
     out["mcnemar_p"] = mc.p
     if config.bootstrap_resamples > 0:
-        diff = stats.paired_bootstrap(random, bare, n_resamples=config.bootstrap_resamples, seed=config.seed)
+        diff = stats.paired_bootstrap(
+            random, bare, n_resamples=config.bootstrap_resamples, seed=config.seed
+        )
         out["gain_reward_ci_low"], out["gain_reward_ci_high"] = diff.ci_low, diff.ci_high
     if full is not None:
         out["full_reward"], out["full_success"] = float(full.mean()), float((full >= 1.0).mean())

@@ -52,9 +52,13 @@ class MaskConfig:
         if not 0.0 <= self.skill_free <= 1.0:
             raise ValueError(f"skill_free must be in [0, 1], got {self.skill_free}")
         if not 0.0 <= self.floor <= self.ceiling <= 1.0:
-            raise ValueError(f"need 0 <= floor <= ceiling <= 1, got floor={self.floor}, ceiling={self.ceiling}")
+            raise ValueError(
+                f"need 0 <= floor <= ceiling <= 1, got floor={self.floor}, ceiling={self.ceiling}"
+            )
         if not self.floor <= self.prior <= self.ceiling:
-            raise ValueError(f"prior ({self.prior}) must lie in [floor, ceiling] = [{self.floor}, {self.ceiling}]")
+            raise ValueError(
+                f"prior ({self.prior}) must lie in [floor, ceiling] = [{self.floor}, {self.ceiling}]"
+            )
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
@@ -100,7 +104,10 @@ def sample_contexts(
     free[rng.permutation(n_groups)[:n_free]] = True
     masks = rng.random((n_groups, k)) < inclusion_probabilities(bank, config)[None, :]
     masks[free] = False
-    return [GroupContext(skill_text=bank.render(m, lang), skill_mask=tuple(int(v) for v in m)) for m in masks]
+    return [
+        GroupContext(skill_text=bank.render(m, lang), skill_mask=tuple(int(v) for v in m))
+        for m in masks
+    ]
 
 
 def retry_context(bank: SkillBank, lang: str) -> GroupContext:
@@ -133,12 +140,22 @@ class RetryOutcome:
         return any(self.retry_successes)
 
 
-def record_retry(group: int, task_id: int, original_mask: Sequence[int], retry_rewards: Sequence[float],
-                 retry_successes: Sequence[bool]) -> RetryOutcome:
+def record_retry(
+    group: int,
+    task_id: int,
+    original_mask: Sequence[int],
+    retry_rewards: Sequence[float],
+    retry_successes: Sequence[bool],
+) -> RetryOutcome:
     if len(retry_rewards) != len(retry_successes):
         raise ValueError(f"{len(retry_rewards)} rewards for {len(retry_successes)} successes")
-    return RetryOutcome(group, int(task_id), tuple(int(v) for v in original_mask),
-                        tuple(float(r) for r in retry_rewards), tuple(bool(s) for s in retry_successes))
+    return RetryOutcome(
+        group,
+        int(task_id),
+        tuple(int(v) for v in original_mask),
+        tuple(float(r) for r in retry_rewards),
+        tuple(bool(s) for s in retry_successes),
+    )
 
 
 def retry_metrics(outcomes: Sequence[RetryOutcome]) -> dict[str, float]:

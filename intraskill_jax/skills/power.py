@@ -48,13 +48,20 @@ class PowerConfig:
 
 
 def synthetic_bank(k: int) -> SkillBank:
-    chunks = tuple(Chunk(f"chunk-{j}", f"Synthetic procedure {j}.", f"合成步骤 {j}。", title=f"chunk {j}")
-                   for j in range(k))
+    chunks = tuple(
+        Chunk(f"chunk-{j}", f"Synthetic procedure {j}.", f"合成步骤 {j}。", title=f"chunk {j}")
+        for j in range(k)
+    )
     return SkillBank("s0", "Synthetic chunks for the gate power simulation.", chunks)
 
 
-def bernoulli_evaluate(betas: np.ndarray, difficulty: np.ndarray, task_draw: np.ndarray, coupling: float,
-                       rng: np.random.Generator):
+def bernoulli_evaluate(
+    betas: np.ndarray,
+    difficulty: np.ndarray,
+    task_draw: np.ndarray,
+    coupling: float,
+    rng: np.random.Generator,
+):
     """An `evaluate` whose success probability is difficulty[task] + mask . betas (mask from the context)."""
 
     def evaluate(task_ids: Sequence[int], contexts: Sequence[GroupContext]) -> list[float]:
@@ -85,21 +92,27 @@ def predicted_se(config: PowerConfig, draws: int = 400_000) -> tuple[float, floa
     return float(np.sqrt(sigma2)), float(np.sqrt(c_k * sigma2 / config.n_tasks)), discordance
 
 
-def simulate(config: PowerConfig = PowerConfig(), rules: Sequence[str] = ("positive", "significant")) -> dict:
+def simulate(
+    config: PowerConfig = PowerConfig(), rules: Sequence[str] = ("positive", "significant")
+) -> dict:
     """Runs the replicates; returns predicted and measured retention per chunk and per class."""
     betas = np.asarray(config.betas, np.float64)
     k = betas.size
     bank = synthetic_bank(k)
     rng = np.random.default_rng(config.seed)
-    gate_configs = {r: GateConfig(rule=r, inclusion=config.inclusion, alpha=config.alpha, bootstrap_resamples=0)
-                    for r in rules}
+    gate_configs = {
+        r: GateConfig(rule=r, inclusion=config.inclusion, alpha=config.alpha, bootstrap_resamples=0)
+        for r in rules
+    }
     retained = {r: np.zeros((config.replicates, k), bool) for r in rules}
     ses = np.zeros((config.replicates, k))
     additivity_ok = 0
     tasks = list(range(config.n_tasks))
     for rep in range(config.replicates):
         difficulty = rng.uniform(config.base_low, config.base_high, config.n_tasks)
-        evaluate = bernoulli_evaluate(betas, difficulty, rng.random(config.n_tasks), config.coupling, rng)
+        evaluate = bernoulli_evaluate(
+            betas, difficulty, rng.random(config.n_tasks), config.coupling, rng
+        )
         first, *others = rules
         result = run_gate(evaluate, bank, [], tasks, rng, config=gate_configs[first])
         banks = {first: result.bank}
@@ -113,25 +126,42 @@ def simulate(config: PowerConfig = PowerConfig(), rules: Sequence[str] = ("posit
 
     sigma, se, discordance = predicted_se(config)
     z = sps.norm.ppf(1 - config.alpha / 2)
-    out = {"config": dataclasses.asdict(config), "sigma": sigma, "discordance": discordance, "predicted_se": se,
-           "measured_se_mean": float(ses.mean()), "additivity_consistent_rate": additivity_ok / config.replicates,
-           "rules": {}}
+    out = {
+        "config": dataclasses.asdict(config),
+        "sigma": sigma,
+        "discordance": discordance,
+        "predicted_se": se,
+        "measured_se_mean": float(ses.mean()),
+        "additivity_consistent_rate": additivity_ok / config.replicates,
+        "rules": {},
+    }
     for r in rules:
         shift = 0.0 if r == "positive" else z
         pred = sps.norm.cdf(betas / se - shift)
         meas = retained[r].mean(axis=0)
-        per_chunk = [{"beta": float(b), "predicted_retain": float(pp), "measured_retain": float(m),
-                      "mc_se": float(np.sqrt(max(pp * (1 - pp), 1e-12) / config.replicates))}
-                     for b, pp, m in zip(betas, pred, meas)]
+        per_chunk = [
+            {
+                "beta": float(b),
+                "predicted_retain": float(pp),
+                "measured_retain": float(m),
+                "mc_se": float(np.sqrt(max(pp * (1 - pp), 1e-12) / config.replicates)),
+            }
+            for b, pp, m in zip(betas, pred, meas)
+        ]
 
-        def pooled(sel: np.ndarray) -> dict[str, float | None]:
-            if not sel.any():
-                return {"predicted": None, "measured": None}
-            return {"predicted": float(pred[sel].mean()), "measured": float(meas[sel].mean())}
-
-        out["rules"][r] = {"per_chunk": per_chunk, "power": pooled(betas > 0), "false_retain": pooled(betas < 0),
-                           "null_retain": pooled(betas == 0)}
+        out["rules"][r] = {
+            "per_chunk": per_chunk,
+            "power": _pooled(pred, meas, betas > 0),
+            "false_retain": _pooled(pred, meas, betas < 0),
+            "null_retain": _pooled(pred, meas, betas == 0),
+        }
     return out
+
+
+def _pooled(pred: np.ndarray, meas: np.ndarray, sel: np.ndarray) -> dict[str, float | None]:
+    if not sel.any():
+        return {"predicted": None, "measured": None}
+    return {"predicted": float(pred[sel].mean()), "measured": float(meas[sel].mean())}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -145,13 +175,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json:
         print(json.dumps(report, indent=1))
         return
-    print(f"n={args.n_tasks} tasks, {args.replicates} replicates, sigma={report['sigma']:.3f}, "
-          f"discordance={report['discordance']:.3f}, "
-          f"SE predicted {report['predicted_se']:.4f} / measured {report['measured_se_mean']:.4f}")
+    print(
+        f"n={args.n_tasks} tasks, {args.replicates} replicates, sigma={report['sigma']:.3f}, "
+        f"discordance={report['discordance']:.3f}, "
+        f"SE predicted {report['predicted_se']:.4f} / measured {report['measured_se_mean']:.4f}"
+    )
     for rule, r in report["rules"].items():
-        print(f"rule {rule}: power {r['power']['measured']:.3f} (predicted {r['power']['predicted']:.3f}), "
-              f"false retain {r['false_retain']['measured']:.3f} (predicted {r['false_retain']['predicted']:.3f}), "
-              f"null retain {r['null_retain']['measured']:.3f}")
+        print(
+            f"rule {rule}: power {r['power']['measured']:.3f} (predicted {r['power']['predicted']:.3f}), "
+            f"false retain {r['false_retain']['measured']:.3f} (predicted {r['false_retain']['predicted']:.3f}), "
+            f"null retain {r['null_retain']['measured']:.3f}"
+        )
 
 
 if __name__ == "__main__":

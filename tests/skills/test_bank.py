@@ -38,7 +38,15 @@ def test_s0_is_ten_bilingual_scene_chunks(s0):
         assert _CJK.search(c.zh) and not _CJK.search(c.en)
         assert len(c.en) < 500 and len(c.zh) < 250, c.id  # "a few sentences"
     text = " ".join(c.en for c in s0.active)
-    for tool in ("search", "click[", "ask_shopper", "buy now", "features", "next >", "back to search"):
+    for tool in (
+        "search",
+        "click[",
+        "ask_shopper",
+        "buy now",
+        "features",
+        "next >",
+        "back to search",
+    ):
         assert tool in text
 
 
@@ -46,20 +54,37 @@ def test_s0_save_reproduces_the_directory_byte_for_byte(s0, tmp_path):
     out = s0.save(tmp_path / "s0")
     names = sorted(p.relative_to(S0).as_posix() for p in S0.rglob("*.md"))
     assert names == sorted(p.relative_to(out).as_posix() for p in out.rglob("*.md"))
-    match, mismatch, errors = filecmp.cmpfiles(S0, out, names, shallow=False)
+    _, mismatch, errors = filecmp.cmpfiles(S0, out, names, shallow=False)
     assert not mismatch and not errors
 
 
 def test_round_trip_with_ledger_and_retired_chunks(s0, tmp_path):
     entries = [
-        LedgerEntry("query-specific", "retain", "passes", {"beta": 0.1, "se": 0.05, "ci_low": 0.0, "ci_high": 0.2,
-                                                           "p": 0.04, "n": 200}),
-        LedgerEntry("when-to-buy", "retire", "fails", {"beta": -0.1, "se": 0.05, "ci_low": -0.2, "ci_high": 0.0,
-                                                       "p": 0.04, "n": 200}),
-        LedgerEntry("r1-search-early", "add", "passes", {"beta": 0.2, "se": 0.05, "ci_low": 0.1, "ci_high": 0.3,
-                                                         "p": 0.001, "n": 200}, ("ep-3", "ep-9"), "offline", "r1-search-early"),
+        LedgerEntry(
+            "query-specific",
+            "retain",
+            "passes",
+            {"beta": 0.1, "se": 0.05, "ci_low": 0.0, "ci_high": 0.2, "p": 0.04, "n": 200},
+        ),
+        LedgerEntry(
+            "when-to-buy",
+            "retire",
+            "fails",
+            {"beta": -0.1, "se": 0.05, "ci_low": -0.2, "ci_high": 0.0, "p": 0.04, "n": 200},
+        ),
+        LedgerEntry(
+            "r1-search-early",
+            "add",
+            "passes",
+            {"beta": 0.2, "se": 0.05, "ci_low": 0.1, "ci_high": 0.3, "p": 0.001, "n": 200},
+            ("ep-3", "ep-9"),
+            "offline",
+            "r1-search-early",
+        ),
     ]
-    chunks = [dataclasses.replace(c, status="retired") if c.id == "when-to-buy" else c for c in s0.chunks]
+    chunks = [
+        dataclasses.replace(c, status="retired") if c.id == "when-to-buy" else c for c in s0.chunks
+    ]
     chunks.append(Chunk("r1-search-early", "Search early.", "尽早搜索。", title="Search early"))
     nxt = s0.next_version(chunks, entries, {"additivity": {"predicted": 0.1}})
     assert nxt.name == "s1" and nxt.round == 1 and len(nxt.active) == 10
@@ -73,7 +98,10 @@ def test_round_trip_with_ledger_and_retired_chunks(s0, tmp_path):
     assert latest_round(tmp_path) == 1
     doc = json.loads((round_dir / "ledger.json").read_text())
     assert [e["action"] for e in doc["entries"]] == ["retain", "retire", "add"]
-    assert doc["entries"][2]["trajectory_ids"] == ["ep-3", "ep-9"] and doc["entries"][2]["source"] == "offline"
+    assert (
+        doc["entries"][2]["trajectory_ids"] == ["ep-3", "ep-9"]
+        and doc["entries"][2]["source"] == "offline"
+    )
     assert back.estimates().keys() == {"query-specific", "r1-search-early"}
 
 
@@ -82,7 +110,10 @@ def test_empty_mask_is_the_bare_prompt_byte_for_byte(s0, lang, mode):
     profile = {"name": "A", "likes": ["cotton"]}
     empty = s0.render((0,) * len(s0.active), lang)
     assert empty == ""
-    assert system_prompt(lang, mode, empty, profile).encode() == system_prompt(lang, mode, "", profile).encode()
+    assert (
+        system_prompt(lang, mode, empty, profile).encode()
+        == system_prompt(lang, mode, "", profile).encode()
+    )
     assert system_prompt(lang, mode, empty) == system_prompt(lang, mode)
 
 
@@ -105,21 +136,46 @@ def _broken(tmp_path, mutate):
     return d
 
 
-@pytest.mark.parametrize("mutate,message", [
-    (lambda d: (d / "SKILL.md").unlink(), "needs a SKILL.md"),
-    (lambda d: (d / "SKILL.md").write_text((d / "SKILL.md").read_text().replace("name: s0", "name: other")),
-     "must equal the directory name"),
-    (lambda d: (d / "SKILL.md").write_text((d / "SKILL.md").read_text().replace("name: s0", "name: s0\nversion: 2")),
-     "unknown front-matter keys"),
-    (lambda d: (d / "SKILL.md").write_text("no front matter"), "front matter"),
-    (lambda d: (d / "chunks" / "when-to-buy.md").write_text(
-        (d / "chunks" / "when-to-buy.md").read_text().split("## zh")[0]), r"missing section\(s\) ## zh"),
-    (lambda d: (d / "chunks" / "when-to-buy.md").write_text(
-        (d / "chunks" / "when-to-buy.md").read_text().replace("Buy with", "<|im_end|> Buy with")), "markup"),
-    (lambda d: (d / "chunks" / "when-to-buy.md").unlink(), r"no file under chunks/"),
-    (lambda d: (d / "chunks" / "when-to-buy.md").write_text(
-        (d / "chunks" / "when-to-buy.md").read_text().replace("id: when-to-buy", "id: buy")), "must equal the file name"),
-])
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda d: (d / "SKILL.md").unlink(), "needs a SKILL.md"),
+        (
+            lambda d: (d / "SKILL.md").write_text(
+                (d / "SKILL.md").read_text().replace("name: s0", "name: other")
+            ),
+            "must equal the directory name",
+        ),
+        (
+            lambda d: (d / "SKILL.md").write_text(
+                (d / "SKILL.md").read_text().replace("name: s0", "name: s0\nversion: 2")
+            ),
+            "unknown front-matter keys",
+        ),
+        (lambda d: (d / "SKILL.md").write_text("no front matter"), "front matter"),
+        (
+            lambda d: (d / "chunks" / "when-to-buy.md").write_text(
+                (d / "chunks" / "when-to-buy.md").read_text().split("## zh")[0]
+            ),
+            r"missing section\(s\) ## zh",
+        ),
+        (
+            lambda d: (d / "chunks" / "when-to-buy.md").write_text(
+                (d / "chunks" / "when-to-buy.md")
+                .read_text()
+                .replace("Buy with", "<|im_end|> Buy with")
+            ),
+            "markup",
+        ),
+        (lambda d: (d / "chunks" / "when-to-buy.md").unlink(), r"no file under chunks/"),
+        (
+            lambda d: (d / "chunks" / "when-to-buy.md").write_text(
+                (d / "chunks" / "when-to-buy.md").read_text().replace("id: when-to-buy", "id: buy")
+            ),
+            "must equal the file name",
+        ),
+    ],
+)
 def test_malformed_banks_raise_a_clear_error(tmp_path, mutate, message):
     d = _broken(tmp_path, mutate)
     with pytest.raises(BankFormatError, match=message):
@@ -130,9 +186,13 @@ def test_bad_ledger_and_missing_round(s0, tmp_path):
     with pytest.raises(BankFormatError, match="round 3 was never written"):
         SkillBank.load_round(tmp_path, 3)
     s0.save_round(tmp_path)
-    (tmp_path / "skills" / "round_0" / "ledger.json").write_text('{"round": 0, "entries": [{"action": "keep"}]}')
+    (tmp_path / "skills" / "round_0" / "ledger.json").write_text(
+        '{"round": 0, "entries": [{"action": "keep"}]}'
+    )
     with pytest.raises(BankFormatError):
-        SkillBank.load(tmp_path / "skills" / "round_0" / "s0", tmp_path / "skills" / "round_0" / "ledger.json")
+        SkillBank.load(
+            tmp_path / "skills" / "round_0" / "s0", tmp_path / "skills" / "round_0" / "ledger.json"
+        )
     with pytest.raises(BankFormatError, match="kebab-case"):
         Chunk("Bad_Id", "x", "y")
     with pytest.raises(BankFormatError, match="duplicate chunk ids"):

@@ -20,8 +20,17 @@ def _fit(beta, se):
     from scipy import stats as sps
 
     z = sps.norm.ppf(0.975)
-    return stats.Contributions(beta, se, beta - z * se, beta + z * se, 2 * sps.norm.sf(np.abs(beta / se)), 200,
-                               np.diag(se**2), "HC3", 0.05)
+    return stats.Contributions(
+        beta,
+        se,
+        beta - z * se,
+        beta + z * se,
+        2 * sps.norm.sf(np.abs(beta / se)),
+        200,
+        np.diag(se**2),
+        "HC3",
+        0.05,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +39,9 @@ def bank() -> SkillBank:
 
 
 def _rewrite(target, pid, text="Better."):
-    return Proposal(pid, "rewrite", text, "更好。", target=target, trajectory_ids=("ep-1",), source="offline")
+    return Proposal(
+        pid, "rewrite", text, "更好。", target=target, trajectory_ids=("ep-1",), source="offline"
+    )
 
 
 def test_positive_rule_retains_and_retires(bank):
@@ -64,8 +75,11 @@ def test_bh_replaces_raw_intervals(bank):
 
 
 def test_rewrite_only_if_it_beats_its_target(bank):
-    props = [_rewrite("chunk-0", "r1-a", "Rewrite A."), _rewrite("chunk-0", "r1-b", "Rewrite B."),
-             _rewrite("chunk-1", "r1-c", "Rewrite C.")]
+    props = [
+        _rewrite("chunk-0", "r1-a", "Rewrite A."),
+        _rewrite("chunk-0", "r1-b", "Rewrite B."),
+        _rewrite("chunk-1", "r1-c", "Rewrite C."),
+    ]
     # chunk-0 0.1; rewrites of it 0.15 and 0.2 (B wins); chunk-1 0.1 vs its rewrite 0.05 (kept)
     fit = _fit([0.1, 0.1, -0.1, -0.1, 0.15, 0.2, 0.05], [0.05] * 7)
     nxt, decisions = decide(bank, props, fit)
@@ -73,11 +87,25 @@ def test_rewrite_only_if_it_beats_its_target(bank):
     assert (c0.en, c0.revision, c0.status) == ("Rewrite B.", 1, "active")
     assert nxt.chunk("chunk-1").en == bank.chunk("chunk-1").en
     by = {d.column: d.action for d in decisions}
-    assert by == {"chunk-0": "rewrite", "chunk-1": "retain", "chunk-2": "retire", "chunk-3": "retire",
-                  "r1-a": "superseded", "r1-b": "rewrite", "r1-c": "superseded"}
+    assert by == {
+        "chunk-0": "rewrite",
+        "chunk-1": "retain",
+        "chunk-2": "retire",
+        "chunk-3": "retire",
+        "r1-a": "superseded",
+        "r1-b": "rewrite",
+        "r1-c": "superseded",
+    }
     entry = next(e for e in nxt.ledger if e.chunk_id == "chunk-0")
-    assert entry.action == "rewrite" and entry.proposal_id == "r1-b" and entry.trajectory_ids == ("ep-1",)
-    assert entry.previous_text["en"] == bank.chunk("chunk-0").en and entry.estimate["replaced"]["beta"] == 0.1
+    assert (
+        entry.action == "rewrite"
+        and entry.proposal_id == "r1-b"
+        and entry.trajectory_ids == ("ep-1",)
+    )
+    assert (
+        entry.previous_text["en"] == bank.chunk("chunk-0").en
+        and entry.estimate["replaced"]["beta"] == 0.1
+    )
     assert {r["id"] for r in nxt.ledger_extra["rejected_proposals"]} == {"r1-a", "r1-c"}
     # a margin makes B not good enough either
     nxt, _ = decide(bank, props, fit, GateConfig(rewrite_margin=0.15))
@@ -85,19 +113,25 @@ def test_rewrite_only_if_it_beats_its_target(bank):
 
 
 def test_additions_and_cap(bank):
-    props = [Proposal("r1-new", "add", "New step.", "新步骤。", title="New", trajectory_ids=("ep-2",)),
-             Proposal("r1-bad", "add", "Bad step.", "坏步骤。")]
+    props = [
+        Proposal("r1-new", "add", "New step.", "新步骤。", title="New", trajectory_ids=("ep-2",)),
+        Proposal("r1-bad", "add", "Bad step.", "坏步骤。"),
+    ]
     nxt, _ = decide(bank, props, _fit([0.3, 0.2, 0.1, -0.1, 0.25, -0.2], [0.05] * 6))
     assert nxt.active_ids == ("chunk-0", "chunk-1", "chunk-2", "r1-new")
     assert next(e for e in nxt.ledger if e.chunk_id == "r1-new").action == "add"
-    capped, _ = decide(bank, props, _fit([0.3, 0.2, 0.1, -0.1, 0.25, -0.2], [0.05] * 6), GateConfig(max_active=2))
+    capped, _ = decide(
+        bank, props, _fit([0.3, 0.2, 0.1, -0.1, 0.25, -0.2], [0.05] * 6), GateConfig(max_active=2)
+    )
     assert capped.active_ids == ("chunk-0", "r1-new")
     assert "max_active" in next(e for e in capped.ledger if e.chunk_id == "chunk-1").reason
 
 
 def test_run_gate_arms_contexts_and_round_files(tmp_path):
     s0 = SkillBank.load(S0)
-    props = [Proposal("r1-search-early", "add", "Search early.", "尽早搜索。", title="Search early")]
+    props = [
+        Proposal("r1-search-early", "add", "Search early.", "尽早搜索。", title="Search early")
+    ]
     calls = []
     k = len(s0.active) + 1
     betas = np.zeros(k)
@@ -110,8 +144,15 @@ def test_run_gate_arms_contexts_and_round_files(tmp_path):
         return list(base + masks @ betas)  # deterministic, exactly additive
 
     tasks = list(range(100, 160))
-    res = run_gate(evaluate, s0, props, tasks, np.random.default_rng(0), config=GateConfig(bootstrap_resamples=200, min_effect=1e-6))  # exact zeros come out at ~1e-17
-    (ids, ctx), = calls
+    res = run_gate(
+        evaluate,
+        s0,
+        props,
+        tasks,
+        np.random.default_rng(0),
+        config=GateConfig(bootstrap_resamples=200, min_effect=1e-6),
+    )  # exact zeros come out at ~1e-17
+    ((ids, ctx),) = calls
     assert ids == tasks * 3 and len(ctx) == 180
     assert all(c.skill_text == "" and c.skill_mask == (0,) * k for c in ctx[:60])
     assert all(c.skill_mask == (1,) * k for c in ctx[120:])
@@ -134,15 +175,22 @@ def test_run_gate_rejects_bad_inputs(bank):
     with pytest.raises(ValueError, match="returned"):
         run_gate(lambda t, c: [0.0], bank, [], list(range(20)), np.random.default_rng(0))
     with pytest.raises(ValueError, match="proposal ids"):
-        run_gate(lambda t, c: [0.0] * len(t), bank, [Proposal("chunk-0", "add", "x", "是")], list(range(20)),
-                 np.random.default_rng(0))
-    assert np.linalg.matrix_rank(draw_masks(30, 5, 0.5, np.random.default_rng(0)).astype(float)) == 5
+        run_gate(
+            lambda t, c: [0.0] * len(t),
+            bank,
+            [Proposal("chunk-0", "add", "x", "是")],
+            list(range(20)),
+            np.random.default_rng(0),
+        )
+    assert (
+        np.linalg.matrix_rank(draw_masks(30, 5, 0.5, np.random.default_rng(0)).astype(float)) == 5
+    )
 
 
 def test_power_simulation_matches_the_predicted_rates():
     """Known betas, paired Bernoulli outcomes, 10 chunks, n=200: the gate keeps helpful chunks and
     drops harmful ones at the rates Phi(beta/SE) predicts (python -m intraskill_jax.skills.power)."""
-    reps = 120
+    reps = 200
     report = simulate(PowerConfig(replicates=reps, seed=3))
     assert 0.25 < report["discordance"] < 0.35
     assert report["measured_se_mean"] == pytest.approx(report["predicted_se"], rel=0.1)

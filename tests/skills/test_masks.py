@@ -26,8 +26,15 @@ def s0() -> SkillBank:
 
 
 def _with_estimates(bank: SkillBank, betas_ses: dict[str, tuple[float, float]]) -> SkillBank:
-    entries = [LedgerEntry(cid, "retain", "test", {"beta": b, "se": s, "ci_low": 0.0, "ci_high": 0.0, "p": 1.0, "n": 200})
-               for cid, (b, s) in betas_ses.items()]
+    entries = [
+        LedgerEntry(
+            cid,
+            "retain",
+            "test",
+            {"beta": b, "se": s, "ci_low": 0.0, "ci_high": 0.0, "p": 1.0, "n": 200},
+        )
+        for cid, (b, s) in betas_ses.items()
+    ]
     return bank.next_version(bank.chunks, entries)
 
 
@@ -50,20 +57,26 @@ def test_skill_free_count_is_within_one_group_of_the_fraction(s0):
     rng = np.random.default_rng(1)
     for n in (1, 5, 8, 16):
         for _ in range(20):
-            cfg = MaskConfig(skill_free=0.3, floor=1.0, ceiling=1.0, prior=1.0)  # every skill group gets all chunks
+            cfg = MaskConfig(
+                skill_free=0.3, floor=1.0, ceiling=1.0, prior=1.0
+            )  # every skill group gets all chunks
             free = sum(sum(c.skill_mask) == 0 for c in sample_contexts(s0, n, rng, "zh", cfg))
             assert abs(free - 0.3 * n) < 1
 
 
 def test_inclusion_follows_estimates_with_floor_and_ceiling(s0):
     ids = s0.active_ids
-    bank = _with_estimates(s0, {ids[0]: (0.2, 0.05), ids[1]: (-0.2, 0.05), ids[2]: (0.05, 0.05), ids[3]: (0.0, 0.1)})
+    bank = _with_estimates(
+        s0, {ids[0]: (0.2, 0.05), ids[1]: (-0.2, 0.05), ids[2]: (0.05, 0.05), ids[3]: (0.0, 0.1)}
+    )
     cfg = MaskConfig(skill_free=0.0, floor=0.1, ceiling=0.85)
     p = inclusion_probabilities(bank, cfg)
     np.testing.assert_allclose(p[:4], [0.85, 0.1, 1 / (1 + np.exp(-1.0)), 0.5])
     np.testing.assert_allclose(p[4:], 0.5)  # no estimate: the prior
     rng = np.random.default_rng(2)
-    masks = np.asarray([c.skill_mask for _ in range(400) for c in sample_contexts(bank, 10, rng, "en", cfg)])
+    masks = np.asarray(
+        [c.skill_mask for _ in range(400) for c in sample_contexts(bank, 10, rng, "en", cfg)]
+    )
     np.testing.assert_allclose(masks.mean(axis=0), p, atol=0.025)
     hot = MaskConfig(skill_free=0.0, temperature=4.0, floor=0.0, ceiling=1.0)
     assert inclusion_probabilities(bank, hot)[0] == pytest.approx(1 / (1 + np.exp(-1.0)))
@@ -89,8 +102,10 @@ def test_retry_context_and_records(s0):
     np.testing.assert_array_equal(all_wrong_groups(successes, 4), [0, 2])
     with pytest.raises(ValueError):
         all_wrong_groups(successes, 5)
-    outcomes = [record_retry(0, 11, (0,) * 10, [0.0, 1.0, 0.5, 0.0], [False, True, False, False]),
-                record_retry(2, 13, (1,) * 10, [0.0] * 4, [False] * 4)]
+    outcomes = [
+        record_retry(0, 11, (0,) * 10, [0.0, 1.0, 0.5, 0.0], [False, True, False, False]),
+        record_retry(2, 13, (1,) * 10, [0.0] * 4, [False] * 4),
+    ]
     assert outcomes[0].recovered and not outcomes[1].recovered
     m = retry_metrics(outcomes)
     assert m["skills/retry_groups"] == 2 and m["skills/retry_recovered_groups"] == 1
