@@ -1,0 +1,197 @@
+"""The GRPO training loop: contexts -> rollouts -> filter -> update -> weight sync -> log -> checkpoint.
+
+Orchestration only; every numeric piece lives elsewhere (`rl/rollouts.py`, `rl/grpo.py`,
+`rl/train_step.py`). A step:
+
+1. take the next `groups_per_step` training tasks from a seeded permutation (the data cursor);
+2. ask `contexts_fn` for each group's context (the skill text and mask; empty for plain GRPO);
+3. roll out `group_size` siblings per task with the current weights;
+4. drop zero-variance groups; recompute the trainer's log-probs at the rollout weights (for TIS
+   and the rollout/trainer mismatch metric); run one optimizer update;
+5. push the new weights to the rollout engine (in place for the embedded sampler; HF safetensors
+   under `<workdir>/hf/weight_vNNNNNN/` and `update_weights_from_disk` for SGLang);
+6. write metrics; checkpoint every `checkpoint_every` steps (params, optimizer, step, RNG, cursor).
+
+A killed run resumes from its last checkpoint and replays the same next step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from sim.world import World
+
+from intraskill_jax.agent.episode import AgentConfig
+from intraskill_jax.agent.trajectory import collate
+from intraskill_jax.checkpoint import Checkpointer
+from intraskill_jax.metrics import MetricsWriter
+from intraskill_jax.models.params import save_pretrained
+from intraskill_jax.rl.grpo import LossConfig
+from intraskill_jax.rl.rollouts import Experience, GroupContext, collect
+from intraskill_jax.rl.train_step import (
+    LogprobFn,
+    OptimConfig,
+    grpo_step,
+    init_train_state,
+    make_optimizer,
+    merge_params,
+    train_batch,
+)
+from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
+from intraskill_jax.rollout.sglang import SGLangEngine
+
+log = logging.getLogger(__name__)
+
+ContextsFn = Callable[[int, Sequence[int]], Sequence[GroupContext]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LearnerConfig:
+    """Attributes:
+      steps: rollout steps (one optimizer update each).
+      groups_per_step / group_size: tasks per step and siblings per task (G).
+      sampling: rollout sampling; its temperature is also the trainer's scoring temperature.
+      scale_by_std: GRPO advantages divide by the group std (False: Dr.GRPO).
+      checkpoint_every: steps between checkpoints (the last step is always saved).
+      seed: data order and sampling.
+    """
+
+    steps: int
+    groups_per_step: int = 4
+    group_size: int = 8
+    sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=256))
+    scale_by_std: bool = True
+    checkpoint_every: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.groups_per_step < 1 or self.group_size < 2 or self.checkpoint_every < 1:
+            raise ValueError("need steps >= 1, groups_per_step >= 1, group_size >= 2, checkpoint_every >= 1")
+        if self.sampling.temperature <= 0:
+            raise ValueError("GRPO needs sampling.temperature > 0 (greedy rollouts have no log-prob ratio)")
+
+
+class TaskCursor:
+    """Seeded epochs over the training split; its position is saved with each checkpoint."""
+
+    def __init__(self, task_ids: Sequence[int], seed: int, position: int = 0):
+        self.task_ids = np.asarray(task_ids)
+        self.seed, self.position = seed, position
+
+    def take(self, n: int) -> list[int]:
+        out = []
+        for _ in range(n):
+            epoch, k = divmod(self.position, len(self.task_ids))
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.task_ids))
+            out.append(int(self.task_ids[order[k]]))
+            self.position += 1
+        return out
+
+
+class Learner:
+    def __init__(self, model: Any, tokenizer: Any, world: World, engine: RolloutEngine, workdir: str | Path, *,
+                 config: LearnerConfig, optim: OptimConfig, loss: LossConfig, agent: AgentConfig,
+                 contexts_fn: ContextsFn | None = None, mesh: Any = None,
+                 on_step: Callable[[int, Experience], dict[str, float]] | None = None):
+        self.tokenizer, self.world, self.engine = tokenizer, world, engine
+        self.workdir = Path(workdir)
+        self.config, self.optim, self.loss, self.agent = config, optim, loss, agent
+        self.contexts_fn = contexts_fn or (lambda step, tasks: [GroupContext() for _ in tasks])
+        self.on_step = on_step
+        self.mesh = mesh
+        self.hf_config = model.config.to_hf_dict()
+        tx = make_optimizer(optim)
+        self.graphdef, self.state = init_train_state(model, tx, mesh=mesh)
+        self.update = grpo_step(self.graphdef, tx, optim, loss, temperature=config.sampling.temperature, mesh=mesh)
+        self.old_logprobs = LogprobFn(self.graphdef, temperature=config.sampling.temperature,
+                                      micro_batch_size=optim.micro_batch_size, mesh=mesh)
+        self.cursor = TaskCursor(world.splits.train, config.seed)
+        self.checkpoints = Checkpointer(self.workdir / "checkpoints")
+        self.metrics = MetricsWriter(self.workdir)
+        self.step = 0
+        self._resume()
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _resume(self) -> None:
+        if self.checkpoints.latest_step() is None:
+            return
+        restored = self.checkpoints.restore(self.state)
+        self.state, self.step = restored.state, restored.step
+        self.cursor.position = int(restored.extra["cursor"])
+        log.info("resumed from %s at step %d", self.checkpoints.step_path(restored.step), restored.step)
+        self._push_weights()
+
+    def model(self) -> Any:
+        return merge_params(self.graphdef, self.state)
+
+    def _push_weights(self) -> None:
+        version = self.step
+        if isinstance(self.engine, SGLangEngine):
+            path = self.workdir / "hf" / f"weight_v{version:06d}"
+            save_pretrained(self.model(), path, hf_config=self.hf_config)
+            self.tokenizer.save_pretrained(path)
+            self.engine.sync_weights(str(path), version)
+        elif hasattr(self.engine, "set_weights"):  # in-process engines (the embedded sampler)
+            self.engine.set_weights(self.model(), version)
+        else:
+            raise TypeError(f"{type(self.engine).__name__} has no way to receive weights (set_weights or SGLang sync)")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self, steps: int | None = None, *, progress: bool = True) -> None:
+        from tqdm.auto import tqdm
+
+        target = self.config.steps if steps is None else min(self.config.steps, self.step + steps)
+        with tqdm(total=target, initial=self.step, desc="GRPO steps", unit="step", disable=not progress) as bar:
+            while self.step < target:
+                self.train_step()
+                bar.update(1)
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.config
+        tasks = self.cursor.take(cfg.groups_per_step)
+        contexts = self.contexts_fn(self.step, tasks)
+        exp = collect(self.engine, self.world, self.tokenizer, tasks, contexts, group_size=cfg.group_size,
+                      sampling=cfg.sampling, agent=self.agent, scale_by_std=cfg.scale_by_std,
+                      prefix=f"s{self.step}")
+        metrics = dict(exp.metrics)
+        if self.on_step is not None:
+            metrics.update(self.on_step(self.step, exp))
+        train = exp.train_trajectories
+        if train:
+            metrics.update(self._update(exp))
+        self.step += 1
+        metrics["train/updated"] = float(bool(train))
+        self._push_weights()
+        self.metrics.write(self.step, metrics)
+        if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+            self.checkpoints.save(self.step, self.state, extra={"cursor": self.cursor.position})
+        return metrics
+
+    def _update(self, exp: Experience) -> dict[str, float]:
+        collated = collate(exp.train_trajectories, self.tokenizer.pad_token_id)
+        old = np.asarray(self.old_logprobs(self.state.params, collated))
+        batch = train_batch(collated, advantages=exp.train_advantages, old_logprobs=old)
+        tokens = float(np.asarray(collated["loss_mask"]).sum())
+        t0 = time.perf_counter()
+        self.state, m = self.update(self.state, batch)
+        m = jax.device_get(m)
+        seconds = time.perf_counter() - t0
+        out = {f"train/{k}": float(v) for k, v in m.items()}
+        out["perf/update_seconds"] = seconds
+        out["perf/update_tokens_per_s"] = float(np.asarray(collated["attention_mask"]).sum()) / max(seconds, 1e-9)
+        out["train/trained_tokens"] = tokens
+        return out
+
+    def close(self) -> None:
+        self.checkpoints.close()
+        self.metrics.close()
