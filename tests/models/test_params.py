@@ -22,7 +22,7 @@ import torch
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from intraskill_jax.models import ModelConfig
+from intraskill_jax.models import ModelConfig, load_pretrained
 from intraskill_jax.models import params as params_lib
 from tests.models.hf_reference import build_hf_model, hf_logits, left_padded, rel_err
 
@@ -90,7 +90,7 @@ def test_load_matches_transformers(checkpoints, layout, dtype, caplog):
     directory, ref, config = checkpoints[layout, dtype]
     assert len(list(directory.glob("*.safetensors"))) > 2
     with caplog.at_level(logging.INFO, logger=params_lib.__name__):
-        model = params_lib.load_pretrained(directory, dtype="float32")
+        model = load_pretrained(directory, dtype="float32")  # the package entry point
     if layout == "multimodal":
         assert "Skipped" in caplog.text and "model.visual" in caplog.text
     ids, mask = left_padded(np.random.default_rng(0), 2, 70, config.vocab_size, pads=[0, 5])

@@ -1,0 +1,1 @@
+"""Benchmarks: each prints JSON comparing against a peer in the same run."""
