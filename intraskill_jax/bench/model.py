@@ -30,12 +30,12 @@ from typing import Any
 # and competes with XLA's threads. Must be set before OpenBLAS loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-from intraskill_jax.models import (  # noqa: E402
+from intraskill_jax.models import (
     ModelConfig,
     Qwen3_5ForCausalLM,
     init_cache,
@@ -58,12 +58,25 @@ class BenchShape:
 SIZES: dict[str, tuple[Callable[[], ModelConfig], BenchShape]] = {
     "small": (
         lambda: ModelConfig(
-            family="qwen3_5", vocab_size=8192, hidden_size=256, intermediate_size=768,
-            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-            rope_theta=1e7, partial_rotary_factor=0.25, linear_num_key_heads=4,
-            linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32,
-            linear_conv_kernel_dim=4, tie_word_embeddings=True, dtype="float32",
-            param_dtype="float32"),
+            family="qwen3_5",
+            vocab_size=8192,
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            rope_theta=1e7,
+            partial_rotary_factor=0.25,
+            linear_num_key_heads=4,
+            linear_num_value_heads=8,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+            tie_word_embeddings=True,
+            dtype="float32",
+            param_dtype="float32",
+        ),
         BenchShape(batch=4, seq=512, decode_batch=8, prompt=64, new_tokens=64, repeats=3),
     ),
     "4b": (
@@ -84,17 +97,22 @@ def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
 
 
 # --------------------------------------------------------------------------- ours
-def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray
-          ) -> tuple[float, float]:
+def _ours(
+    config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray
+) -> tuple[float, float]:
     model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def nll(params: Any, ids: jax.Array) -> jax.Array:
         m = nnx.merge(graphdef, params, rest)
         hidden, _ = m.hidden_states(ids[:, :-1])
-        lp = logprobs_from_hidden(hidden, m.output_embedding(), ids[:, 1:],
-                                  chunk_size=config.logits_chunk_size,
-                                  compute_dtype=config.compute_dtype)
+        lp = logprobs_from_hidden(
+            hidden,
+            m.output_embedding(),
+            ids[:, 1:],
+            chunk_size=config.logits_chunk_size,
+            compute_dtype=config.compute_dtype,
+        )
         return -jnp.mean(lp)
 
     train_step = jax.jit(jax.value_and_grad(nll))
@@ -119,14 +137,16 @@ def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt:
         return jnp.concatenate([first[:, None], rest_tokens.T], axis=1)
 
     prompt_ids = jnp.asarray(prompt)
-    decode_s = _median_seconds(lambda: jax.block_until_ready(generate(params, prompt_ids)),
-                               shape.repeats)
+    decode_s = _median_seconds(
+        lambda: jax.block_until_ready(generate(params, prompt_ids)), shape.repeats
+    )
     return train_s, decode_s
 
 
 # --------------------------------------------------------------------------- transformers
-def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray
-               ) -> tuple[float, float]:
+def _reference(
+    config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray
+) -> tuple[float, float]:
     import torch
     from transformers import Qwen3_5ForCausalLM as HFModel
     from transformers import Qwen3_5TextConfig
@@ -184,12 +204,25 @@ def run(size: str = "small", skip_reference: bool = False) -> dict[str, Any]:
     decode_tokens = shape.decode_batch * shape.new_tokens
     result: dict[str, Any] = {
         "device": f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind} x{jax.device_count()}",
-        "config": {"size": size, **dataclasses.asdict(shape),
-                   **{k: v for k, v in config.to_hf_dict().items()
-                      if k in ("hidden_size", "num_hidden_layers", "intermediate_size",
-                               "vocab_size", "layer_types")},
-                   "dtype": config.dtype, "remat": config.remat,
-                   "threads": os.cpu_count()},
+        "config": {
+            "size": size,
+            **dataclasses.asdict(shape),
+            **{
+                k: v
+                for k, v in config.to_hf_dict().items()
+                if k
+                in (
+                    "hidden_size",
+                    "num_hidden_layers",
+                    "intermediate_size",
+                    "vocab_size",
+                    "layer_types",
+                )
+            },
+            "dtype": config.dtype,
+            "remat": config.remat,
+            "threads": os.cpu_count(),
+        },
         "train_tokens_per_s": train_tokens / train_s,
         "decode_tokens_per_s": decode_tokens / decode_s,
         "peak_memory_gib": peak,
@@ -209,8 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
-    parser.add_argument("--skip-reference", action="store_true",
-                        help="time only our model (no transformers run)")
+    parser.add_argument(
+        "--skip-reference", action="store_true", help="time only our model (no transformers run)"
+    )
     args = parser.parse_args(argv)
     result = run(args.size, args.skip_reference)
     if args.json:

@@ -27,3 +27,8 @@ __all__ = [
     "logprobs_from_hidden",
     "token_logprobs",
 ]
+
+# Checkpoint IO; imported last because params.py builds on the model modules above.
+from intraskill_jax.models.params import load_pretrained, save_pretrained
+
+__all__ += ["load_pretrained", "save_pretrained"]

@@ -152,7 +152,9 @@ def read_checkpoint(directory: str | Path) -> dict[str, TensorRecord]:
         records.update(read_header(directory / name))
     listed_nowhere = sorted(k for k, f in weight_map.items() if k not in records)
     if listed_nowhere:
-        raise CheckpointError(f"{index_path}: keys listed but absent from their files: {listed_nowhere}.")
+        raise CheckpointError(
+            f"{index_path}: keys listed but absent from their files: {listed_nowhere}."
+        )
     return records
 
 
@@ -161,7 +163,9 @@ def read_hf_config(directory: str | Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError as e:
-        raise CheckpointError(f"{path}: missing; a HF checkpoint directory needs its config.json.") from e
+        raise CheckpointError(
+            f"{path}: missing; a HF checkpoint directory needs its config.json."
+        ) from e
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e}).") from e
 
@@ -175,7 +179,11 @@ def _text_config(hf_config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _tied(hf_config: Mapping[str, Any]) -> bool:
-    return bool(_text_config(hf_config).get("tie_word_embeddings", hf_config.get("tie_word_embeddings", False)))
+    return bool(
+        _text_config(hf_config).get(
+            "tie_word_embeddings", hf_config.get("tie_word_embeddings", False)
+        )
+    )
 
 
 def to_model_key(hf_key: str) -> str | None:
@@ -225,8 +233,11 @@ def _map_records(
                 f"{tuple(wanted[key].shape)}; config.json and weights disagree."
             )
     if skipped:
-        logger.info("Skipped %d checkpoint tensors not used by the text model (%s, ...).",
-                    len(skipped), skipped[0])
+        logger.info(
+            "Skipped %d checkpoint tensors not used by the text model (%s, ...).",
+            len(skipped),
+            skipped[0],
+        )
     return mapped
 
 
@@ -259,11 +270,19 @@ def load_state(
     graphdef, abstract = sharding_lib.abstract_model(factory, mesh, rules)
     params, _ = nnx.split_state(abstract, nnx.Param, ...)
     flat = {_path_key(path): var for path, var in nnx.to_flat_state(params)}
-    mapped = _map_records(records, {k: v.get_value() for k, v in flat.items()}, _tied(hf_config), directory)
+    mapped = _map_records(
+        records, {k: v.get_value() for k, v in flat.items()}, _tied(hf_config), directory
+    )
     default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     loaded = [
-        (path, var.replace(_load_array(mapped[_path_key(path)], var.get_value(),
-                                       var.get_value().sharding or default)))
+        (
+            path,
+            var.replace(
+                _load_array(
+                    mapped[_path_key(path)], var.get_value(), var.get_value().sharding or default
+                )
+            ),
+        )
         for path, var in nnx.to_flat_state(params)
     ]
     params = nnx.from_flat_state(loaded)
@@ -318,7 +337,9 @@ def save_pretrained(
     bytes_by_dtype: dict[np.dtype, int] = {}
     for key, value in _iter_export(model, multimodal, dtype):
         nbytes = value.size * np.dtype(value.dtype).itemsize
-        bytes_by_dtype[np.dtype(value.dtype)] = bytes_by_dtype.get(np.dtype(value.dtype), 0) + nbytes
+        bytes_by_dtype[np.dtype(value.dtype)] = (
+            bytes_by_dtype.get(np.dtype(value.dtype), 0) + nbytes
+        )
         entries.append((key, lambda v=value: _host(v), nbytes))
     if source is not None:
         for key, record in read_checkpoint(source).items():
@@ -340,16 +361,25 @@ def save_pretrained(
     )
     weight_map = {}
     for name, shard in zip(names, shards):
-        save_file({key: fetch() for key, fetch in shard}, directory / name, metadata={"format": "pt"})
+        save_file(
+            {key: fetch() for key, fetch in shard}, directory / name, metadata={"format": "pt"}
+        )
         weight_map.update({key: name for key, _ in shard})
     if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(n for _, _, n in entries)}, "weight_map": weight_map}
+        index = {
+            "metadata": {"total_size": sum(n for _, _, n in entries)},
+            "weight_map": weight_map,
+        }
         (directory / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
     else:
         (directory / INDEX_FILE).unlink(missing_ok=True)
     config = json.loads(json.dumps(hf_config))
     # transformers loads in the dtype config.json names; name the one most bytes were saved in.
-    saved = _CONFIG_DTYPE_NAMES.get(max(bytes_by_dtype, key=bytes_by_dtype.get)) if bytes_by_dtype else None
+    saved = (
+        _CONFIG_DTYPE_NAMES.get(max(bytes_by_dtype, key=bytes_by_dtype.get))
+        if bytes_by_dtype
+        else None
+    )
     for part in (config, config.get("text_config")):
         if saved and isinstance(part, dict):
             part["dtype"] = saved

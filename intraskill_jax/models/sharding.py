@@ -153,9 +153,7 @@ def abstract_model(
     return graphdef, abstract
 
 
-def create_sharded(
-    factory: Callable[[], M], mesh: Mesh, rules: LogicalRules = DEFAULT_RULES
-) -> M:
+def create_sharded(factory: Callable[[], M], mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> M:
     """Build `factory()` directly in its sharded layout: each device only materialises its shard."""
     graphdef, abstract = abstract_model(factory, mesh, rules)
     shardings = jax.tree.map(lambda a: a.sharding, abstract)

@@ -42,11 +42,22 @@ def _multimodal(text_model: torch.nn.Module, config: ModelConfig) -> torch.nn.Mo
 
     text = config.to_hf_dict()
     text.pop("architectures")
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                  out_hidden_size=config.hidden_size, patch_size=4, spatial_merge_size=2,
-                  temporal_patch_size=2, num_position_embeddings=16)
-    mm = Qwen3_5ForConditionalGeneration(Qwen3_5Config(
-        text_config=text, vision_config=vision, tie_word_embeddings=config.tie_word_embeddings))
+    vision = {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": config.hidden_size,
+        "patch_size": 4,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 16,
+    }
+    mm = Qwen3_5ForConditionalGeneration(
+        Qwen3_5Config(
+            text_config=text, vision_config=vision, tie_word_embeddings=config.tie_word_embeddings
+        )
+    )
     mm.model.language_model.load_state_dict(text_model.model.state_dict())
     mm.lm_head.load_state_dict(text_model.lm_head.state_dict())
     return mm.eval()
@@ -54,8 +65,11 @@ def _multimodal(text_model: torch.nn.Module, config: ModelConfig) -> torch.nn.Mo
 
 def _add_mtp_tensor(directory: Path) -> None:
     """Official checkpoints carry an MTP head that transformers does not build; fake one."""
-    save_file({"mtp.fc.weight": np.ones((4, 4), np.float32)}, directory / "mtp.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        {"mtp.fc.weight": np.ones((4, 4), np.float32)},
+        directory / "mtp.safetensors",
+        metadata={"format": "pt"},
+    )
     index_path = directory / params_lib.INDEX_FILE
     index = json.loads(index_path.read_text())
     index["weight_map"]["mtp.fc.weight"] = "mtp.safetensors"
@@ -63,7 +77,9 @@ def _add_mtp_tensor(directory: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict[tuple[str, str], tuple[Path, torch.nn.Module, ModelConfig]]:
+def checkpoints(
+    tmp_path_factory,
+) -> dict[tuple[str, str], tuple[Path, torch.nn.Module, ModelConfig]]:
     """(layout, dtype) -> (checkpoint dir, fp32 torch reference of the saved weights, config)."""
     out = {}
     for layout in LAYOUTS:
@@ -73,13 +89,15 @@ def checkpoints(tmp_path_factory) -> dict[tuple[str, str], tuple[Path, torch.nn.
         for dtype in ("float32", "bfloat16"):
             directory = tmp_path_factory.mktemp(f"{layout}_{dtype}")
             copy.deepcopy(saved).to(getattr(torch, dtype)).save_pretrained(
-                directory, max_shard_size=SHARD)
+                directory, max_shard_size=SHARD
+            )
             if layout == "multimodal":
                 _add_mtp_tensor(directory)
             # The reference sees exactly the (possibly rounded) weights that were written.
             exact = build_hf_model(config, seed=3)
-            exact.load_state_dict({k: v.to(getattr(torch, dtype)).float()
-                                   for k, v in ref.state_dict().items()})
+            exact.load_state_dict(
+                {k: v.to(getattr(torch, dtype)).float() for k, v in ref.state_dict().items()}
+            )
             out[layout, dtype] = directory, exact.eval(), config
     return out
 
@@ -106,7 +124,9 @@ def test_bf16_checkpoint_loads_bit_exact_into_bf16_params(checkpoints):
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         value = var.get_value()
         assert value.dtype == jnp.bfloat16
-        np.testing.assert_array_equal(np.asarray(value, np.float32), expected[".".join(map(str, path))])
+        np.testing.assert_array_equal(
+            np.asarray(value, np.float32), expected[".".join(map(str, path))]
+        )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -115,8 +135,13 @@ def test_export_round_trips_through_transformers(checkpoints, layout, tmp_path):
 
     source, _, _ = checkpoints[layout, "bfloat16"]
     model = params_lib.load_pretrained(source, dtype="bfloat16")
-    out = params_lib.save_pretrained(model, tmp_path / "export", max_shard_size=20_000,
-                                     hf_config=params_lib.read_hf_config(source), source=source)
+    out = params_lib.save_pretrained(
+        model,
+        tmp_path / "export",
+        max_shard_size=20_000,
+        hf_config=params_lib.read_hf_config(source),
+        source=source,
+    )
     assert (out / params_lib.INDEX_FILE).exists()
     # Everything transformers wrote, vision tower and MTP included, comes back bit for bit.
     original = {k: r for k, r in params_lib.read_checkpoint(source).items()}
@@ -168,19 +193,26 @@ def _rewrite(directory: Path, edit) -> None:
 
 def test_missing_key_is_named(single_file):
     _rewrite(single_file, lambda t: t.pop("model.layers.1.linear_attn.A_log"))
-    with pytest.raises(params_lib.CheckpointError, match=r"Missing: \['model.layers.1.linear_attn.A_log'\]"):
+    with pytest.raises(
+        params_lib.CheckpointError, match=r"Missing: \['model.layers.1.linear_attn.A_log'\]"
+    ):
         params_lib.load_pretrained(single_file)
 
 
 def test_unexpected_key_is_named(single_file):
-    _rewrite(single_file, lambda t: t.update({"model.layers.0.extra.weight": np.zeros(2, np.float32)}))
+    _rewrite(
+        single_file, lambda t: t.update({"model.layers.0.extra.weight": np.zeros(2, np.float32)})
+    )
     with pytest.raises(params_lib.CheckpointError, match=r"model\.layers\.0\.extra\.weight"):
         params_lib.load_pretrained(single_file)
 
 
 def test_shape_mismatch_names_key_and_file(single_file):
     _rewrite(single_file, lambda t: t.update({"model.norm.weight": np.zeros(3, np.float32)}))
-    with pytest.raises(params_lib.CheckpointError, match=r"model\.safetensors: model\.norm\.weight has shape \(3,\)"):
+    with pytest.raises(
+        params_lib.CheckpointError,
+        match=r"model\.safetensors: model\.norm\.weight has shape \(3,\)",
+    ):
         params_lib.load_pretrained(single_file)
 
 
@@ -192,7 +224,9 @@ def test_truncated_file_is_reported(single_file):
 
 
 def test_garbage_file_is_reported(single_file):
-    (single_file / params_lib.SINGLE_FILE).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    (single_file / params_lib.SINGLE_FILE).write_bytes(
+        b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!"
+    )
     with pytest.raises(params_lib.CheckpointError, match="corrupt safetensors header"):
         params_lib.load_pretrained(single_file)
 

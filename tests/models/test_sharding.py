@@ -9,9 +9,8 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from intraskill_jax.models import ModelConfig, Qwen3_5ForCausalLM
+from intraskill_jax.models import ModelConfig, Qwen3_5ForCausalLM, sharding
 from intraskill_jax.models import params as params_lib
-from intraskill_jax.models import sharding
 
 MESHES = {
     "data2_fsdp2_tensor2": sharding.MeshConfig(data=2, fsdp=2, tensor=2),
@@ -73,7 +72,9 @@ def test_logical_to_spec_dedups_mesh_axes_and_skips_non_divisible_dims():
     mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2))
     assert sharding.logical_to_spec(("vocab", "embed"), (300, 64), mesh) == P("tensor", "fsdp")
     # batch takes data and fsdp, so embed (fsdp) must stay replicated on activations.
-    assert sharding.logical_to_spec(("batch", "seq", "embed"), (8, 5, 64), mesh) == P(("data", "fsdp"), None, None)
+    assert sharding.logical_to_spec(("batch", "seq", "embed"), (8, 5, 64), mesh) == P(
+        ("data", "fsdp"), None, None
+    )
     # 6 rows split over data x fsdp = 4 does not divide: keep only the axis that does.
     assert sharding.logical_to_spec(("batch", None), (6, 3), mesh) == P("data", None)
     assert sharding.logical_to_spec(("mlp", "embed"), (7, 64), mesh) == P(None, "fsdp")
@@ -93,11 +94,18 @@ def test_sharded_model_matches_unsharded(reference, mesh_name):
     ref_model, ref_logits, ref_grads = reference
     # Same initial values, now laid out by the rules.
     qkv = _param(model, "model.layers.0.linear_attn.in_proj_qkv.weight")
-    expected = P("tensor", "fsdp") if mesh.shape["tensor"] > 1 else P(None, "fsdp")  # size-1 axes left out
+    expected = (
+        P("tensor", "fsdp") if mesh.shape["tensor"] > 1 else P(None, "fsdp")
+    )  # size-1 axes left out
     assert qkv.sharding.spec == expected
-    assert qkv.addressable_shards[0].data.shape == (96 // mesh.shape["tensor"], 64 // mesh.shape["fsdp"])
+    assert qkv.addressable_shards[0].data.shape == (
+        96 // mesh.shape["tensor"],
+        64 // mesh.shape["fsdp"],
+    )
     assert _param(model, "model.norm.weight").sharding.spec == P(None)
-    np.testing.assert_array_equal(qkv, _param(ref_model, "model.layers.0.linear_attn.in_proj_qkv.weight"))
+    np.testing.assert_array_equal(
+        qkv, _param(ref_model, "model.layers.0.linear_attn.in_proj_qkv.weight")
+    )
 
     ids, mask = _inputs()
     ids, mask = (jax.device_put(x, sharding.batch_sharding(mesh)) for x in (ids, mask))
@@ -111,8 +119,13 @@ def test_sharded_model_matches_unsharded(reference, mesh_name):
         return
     flat_ref = dict(nnx.to_flat_state(ref_grads))
     for path, var in nnx.to_flat_state(nnx.state(grads, nnx.Param)):
-        np.testing.assert_allclose(np.asarray(var.get_value()), flat_ref[path].get_value(),
-                                   rtol=1e-4, atol=1e-6, err_msg=".".join(map(str, path)))
+        np.testing.assert_allclose(
+            np.asarray(var.get_value()),
+            flat_ref[path].get_value(),
+            rtol=1e-4,
+            atol=1e-6,
+            err_msg=".".join(map(str, path)),
+        )
 
 
 def test_load_onto_mesh_gives_sharded_arrays(reference, tmp_path):
@@ -124,7 +137,9 @@ def test_load_onto_mesh_gives_sharded_arrays(reference, tmp_path):
     assert embed.sharding.spec == P("tensor", "fsdp")
     assert embed.addressable_shards[0].data.shape == (150, 32)
     assert _param(model, "lm_head.weight").sharding.spec == P("tensor", "fsdp")
-    assert _param(model, "model.layers.3.self_attn.q_proj.weight").sharding.spec == P("tensor", "fsdp")
+    assert _param(model, "model.layers.3.self_attn.q_proj.weight").sharding.spec == P(
+        "tensor", "fsdp"
+    )
     ids, mask = _inputs()
     with jax.set_mesh(mesh):
         logits = nnx.jit(lambda m, i, a: m(i, attention_mask=a))(model, ids, mask)
