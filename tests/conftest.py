@@ -3,9 +3,16 @@
 * Eight fake CPU devices let every sharding test run on a laptop or CI.
 * LLVM optimisation level 0: the suite is dominated by XLA compile time on tiny shapes, and level 0
   compiles CPU programs about 2.5x faster; the tests compare against references with tolerances.
+* One OpenBLAS thread: XLA:CPU runs the chunked DeltaNet's triangular solve through OpenBLAS, whose
+  own threads fight XLA's for the cores (a 7 ms solve took 1-3 s). OpenBLAS reads this when it
+  loads, so it must precede the first numpy import.
 """
 
 import os
+import sys
+
+if "numpy" not in sys.modules:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
