@@ -1,0 +1,116 @@
+"""The run directory: where each record of a run lives, and the per-episode record format.
+
+Everything the report, the bundle and a resumed run read is written through these paths:
+
+    <workdir>/config.json                       the resolved run config
+    <workdir>/metrics.jsonl                     one JSON object per (step, scope) write (metrics.py)
+    <workdir>/tb/                               TensorBoard events
+    <workdir>/checkpoints/                      orbax (params, optimizer, step, RNG, cursor, bank round)
+    <workdir>/hf/weight_vNNNNNN/                HF safetensors pushed to SGLang
+    <workdir>/skills/round_K/                   the bank of round K and its ledger (skills/bank.py)
+    <workdir>/rollouts/step_NNNNNN.jsonl        training episodes of a step (episode_record + step fields)
+    <workdir>/gates/round_K.json                the gate that closed round K (fit, decisions, funnel)
+    <workdir>/gates/round_K_episodes.jsonl      its validation episodes (episode_record + arm, mask)
+    <workdir>/eval/outcomes.jsonl               test episodes, one per (condition, task)
+    <workdir>/bundle/                           the shareable copy with its SHA-256 manifest
+
+Record files are written whole to a temporary name and renamed, so a killed run leaves either the
+complete file or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from intraskill_jax.agent.trajectory import Trajectory
+
+# Fields of every episode record (training, gate and evaluation episodes alike).
+EPISODE_FIELDS = (
+    "episode_id", "task_id", "group", "skill_mask", "reward", "success", "reward_detail",
+    "turns", "generated_tokens", "tokens_per_turn", "searches", "product_visits", "repairs",
+    "truncated",
+)
+
+
+def rollouts_path(workdir: str | os.PathLike, step: int) -> Path:
+    return Path(workdir) / "rollouts" / f"step_{step:06d}.jsonl"
+
+
+def gate_path(workdir: str | os.PathLike, round_: int) -> Path:
+    return Path(workdir) / "gates" / f"round_{round_}.json"
+
+
+def gate_episodes_path(workdir: str | os.PathLike, round_: int) -> Path:
+    return Path(workdir) / "gates" / f"round_{round_}_episodes.jsonl"
+
+
+def eval_outcomes_path(workdir: str | os.PathLike) -> Path:
+    return Path(workdir) / "eval" / "outcomes.jsonl"
+
+
+def episode_record(t: Trajectory) -> dict[str, Any]:
+    """The behaviour and outcome of one episode, without its tokens.
+
+    `product_visits` counts arrivals on a product page (option clicks on the same page are not
+    visits; the environment counts them that way); `turns` are model replies.
+    """
+    turns = len(t.turns)
+    return {
+        "episode_id": t.episode_id,
+        "task_id": int(t.task_id),
+        "group": int(t.group),
+        "skill_mask": [int(v) for v in t.skill_mask],
+        "reward": float(t.reward),
+        "success": bool(t.success),
+        "reward_detail": {k: float(v) for k, v in t.reward_detail.items()},
+        "turns": turns,
+        "generated_tokens": int(t.generated_tokens),
+        "tokens_per_turn": float(t.generated_tokens / turns) if turns else 0.0,
+        "searches": int(t.env_stats.get("searches", 0)),
+        "product_visits": int(t.env_stats.get("product_visits", 0)),
+        "repairs": int(t.repairs),
+        "truncated": t.truncated,
+    }
+
+
+def write_json(path: str | os.PathLike, doc: Any) -> Path:
+    """Atomically writes one JSON document."""
+    return _atomic_write(Path(path), json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Atomically writes JSON lines (the whole file at once)."""
+    return _atomic_write(Path(path), "".join(json.dumps(dict(r), ensure_ascii=False) + "\n" for r in rows))
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    path = Path(path)
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: line {i + 1} is not JSON ({e.msg})") from None
+    return rows
+
+
+def _atomic_write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
