@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,44 @@ PREFIXES = ("train/", "rollout/", "skills/", "gate/", "eval/", "perf/")
 
 
 class MetricsWriter:
-    def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True):
+    """Appends to `<workdir>/metrics.jsonl` and `<workdir>/tb/`.
+
+    `rewind_to=s` (a resumed run restored at step s) first drops the rows written after step s
+    (and, with `drop`, the rows it selects), and TensorBoard purges its events after s, so
+    a killed-and-resumed run ends with the same records as an uninterrupted one.
+    """
+
+    def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True, rewind_to: int | None = None):
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        if rewind_to is not None:
+            self.rewind(lambda row: row["step"] > rewind_to)
         self._jsonl = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.dir / "tb"))
+            purge = None if rewind_to is None else rewind_to + 1
+            # A unique, time-ordered suffix: two writers in the same second (a fast resume) must
+            # not share an event file, and readers order files by name.
+            self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=purge, filename_suffix=f".{time.time_ns():020d}")
+
+    def rewind(self, drop: Callable[[dict[str, Any]], bool]) -> int:
+        """Rewrites `metrics.jsonl` without the rows `drop` selects (and a torn last line)."""
+        path = self.dir / "metrics.jsonl"
+        if not path.exists():
+            return 0
+        rows = read_metrics(self.dir)
+        kept = [r for r in rows if not drop(r)]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        reopen = getattr(self, "_jsonl", None) is not None and not self._jsonl.closed
+        if reopen:
+            self._jsonl.close()
+        os.replace(tmp, path)
+        if reopen:
+            self._jsonl = open(path, "a", encoding="utf-8")
+        return len(rows) - len(kept)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Scalars (floats, ints, bools, 0-d arrays); non-finite values are kept in JSON as null."""

@@ -33,3 +33,24 @@ def test_unscoped_names_fail_and_a_torn_last_line_is_skipped(tmp_path):
         f.write('garbage\n{"step": 1}\n')
     with pytest.raises(ValueError, match="line 1"):
         read_metrics(tmp_path)
+
+
+def test_rewind_drops_rows_after_the_restored_step_and_purges_tensorboard(tmp_path):
+    with MetricsWriter(tmp_path) as w:
+        for step in (1, 2, 3):
+            w.write(step, {"train/pg_loss": float(step)})
+        w.write(2, {"gate/bare_reward": 0.5})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "train/pg')  # torn by a kill
+    # A run restored at step 2 redoes step 3 and, here, its gate at step 2.
+    with MetricsWriter(tmp_path, rewind_to=2) as w:
+        assert w.rewind(lambda r: r["step"] == 2 and any(k.startswith("gate/") for k in r)) == 1
+        w.write(3, {"train/pg_loss": 30.0})
+    rows = read_metrics(tmp_path)
+    assert rows == [{"step": 1, "train/pg_loss": 1.0}, {"step": 2, "train/pg_loss": 2.0},
+                    {"step": 3, "train/pg_loss": 30.0}]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/pg_loss")] == [(1, 1.0), (2, 2.0), (3, 30.0)]

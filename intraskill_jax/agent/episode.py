@@ -76,11 +76,14 @@ def run_episodes(
     *,
     episode_prefix: str = "ep",
     on_round: Callable[[int], None] | None = None,
+    max_concurrent: int | None = None,
 ) -> list[Trajectory]:
     """Plays `specs[i]` in `envs[i]` to the end (purchase, env step limit, turn or context limit).
 
     `tokenizer` is an HF tokenizer whose chat template renders the prompt; episode ids are
-    f"{episode_prefix}-{i}", which engines see as the request session.
+    f"{episode_prefix}-{i}", which engines see as the request session. At most `max_concurrent`
+    episodes are in flight (the engine's batch capacity); when one finishes the next waiting one
+    starts in the following round (continuous batching), in spec order, so a run is reproducible.
     """
     if len(envs) != len(specs):
         raise ValueError(f"need one env per episode: {len(envs)} envs for {len(specs)} specs")
@@ -89,10 +92,21 @@ def run_episodes(
             f"sampling.max_new_tokens ({sampling.max_new_tokens}) must be below agent.max_context_tokens "
             f"({config.max_context_tokens})"
         )
-    trajs = [_start(env, tokenizer, spec, config, f"{episode_prefix}-{i}") for i, (env, spec) in enumerate(zip(envs, specs))]
-    active = [i for i, t in enumerate(trajs) if not t.done]
+    if max_concurrent is not None and max_concurrent < 1:
+        raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+    capacity = max_concurrent or len(specs)
+    trajs: list[Trajectory | None] = [None] * len(specs)
+    waiting = list(range(len(specs)))[::-1]
+    active: list[int] = []
     rounds = 0
-    while active:
+    while True:
+        while waiting and len(active) < capacity:
+            i = waiting.pop()
+            trajs[i] = t = _start(envs[i], tokenizer, specs[i], config, f"{episode_prefix}-{i}")
+            if not t.done:
+                active.append(i)
+        if not active:
+            break
         completions = engine.generate([GenerateRequest(trajs[i].episode_id, trajs[i].token_ids) for i in active], sampling)
         if len(completions) != len(active):
             raise RuntimeError(f"engine returned {len(completions)} completions for {len(active)} requests")

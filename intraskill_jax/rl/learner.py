@@ -62,6 +62,7 @@ class LearnerConfig:
       scale_by_std: GRPO advantages divide by the group std (False: Dr.GRPO).
       checkpoint_every: steps between checkpoints (the last step is always saved).
       seed: data order and sampling.
+      max_concurrent: episodes in flight at once (the rollout engine's batch capacity).
     """
 
     steps: int
@@ -71,10 +72,13 @@ class LearnerConfig:
     scale_by_std: bool = True
     checkpoint_every: int = 10
     seed: int = 0
+    max_concurrent: int | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.groups_per_step < 1 or self.group_size < 2 or self.checkpoint_every < 1:
             raise ValueError("need steps >= 1, groups_per_step >= 1, group_size >= 2, checkpoint_every >= 1")
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1 or None, got {self.max_concurrent}")
         if self.sampling.temperature <= 0:
             raise ValueError("GRPO needs sampling.temperature > 0 (greedy rollouts have no log-prob ratio)")
 
@@ -100,12 +104,20 @@ class Learner:
     def __init__(self, model: Any, tokenizer: Any, world: World, engine: RolloutEngine, workdir: str | Path, *,
                  config: LearnerConfig, optim: OptimConfig, loss: LossConfig, agent: AgentConfig,
                  contexts_fn: ContextsFn | None = None, mesh: Any = None,
-                 on_step: Callable[[int, Experience], dict[str, float]] | None = None):
+                 on_step: Callable[[int, Experience], dict[str, float]] | None = None,
+                 retry_fn: Callable[[int], GroupContext | None] | None = None,
+                 checkpoint_extra: Callable[[], dict[str, Any]] | None = None):
+        """Hooks: `contexts_fn(step, tasks)` gives each group's context; `retry_fn(step)` the
+        context all-wrong groups are retried with (None: no retry); `on_step(step, exp)` sees the
+        step's experience before the update and returns extra metrics; `checkpoint_extra()` adds
+        JSON fields to each checkpoint."""
         self.tokenizer, self.world, self.engine = tokenizer, world, engine
         self.workdir = Path(workdir)
         self.config, self.optim, self.loss, self.agent = config, optim, loss, agent
         self.contexts_fn = contexts_fn or (lambda step, tasks: [GroupContext() for _ in tasks])
         self.on_step = on_step
+        self.retry_fn = retry_fn or (lambda step: None)
+        self.checkpoint_extra = checkpoint_extra or dict
         self.mesh = mesh
         self.hf_config = model.config.to_hf_dict()
         tx = make_optimizer(optim)
@@ -115,9 +127,11 @@ class Learner:
                                       micro_batch_size=optim.micro_batch_size, mesh=mesh)
         self.cursor = TaskCursor(world.splits.train, config.seed)
         self.checkpoints = Checkpointer(self.workdir / "checkpoints")
-        self.metrics = MetricsWriter(self.workdir)
         self.step = 0
+        self.resumed_extra: dict[str, Any] = {}
         self._resume()
+        # Rows past the restored step came from work the kill threw away; it will be redone.
+        self.metrics = MetricsWriter(self.workdir, rewind_to=self.step)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -127,6 +141,7 @@ class Learner:
         restored = self.checkpoints.restore(self.state)
         self.state, self.step = restored.state, restored.step
         self.cursor.position = int(restored.extra["cursor"])
+        self.resumed_extra = dict(restored.extra)
         log.info("resumed from %s at step %d", self.checkpoints.step_path(restored.step), restored.step)
         self._push_weights()
 
@@ -147,6 +162,9 @@ class Learner:
 
     # -- the loop ------------------------------------------------------------------------------
 
+    def save_checkpoint(self) -> None:
+        self.checkpoints.save(self.step, self.state, extra={"cursor": self.cursor.position, **self.checkpoint_extra()})
+
     def run(self, steps: int | None = None, *, progress: bool = True) -> None:
         from tqdm.auto import tqdm
 
@@ -160,9 +178,11 @@ class Learner:
         cfg = self.config
         tasks = self.cursor.take(cfg.groups_per_step)
         contexts = self.contexts_fn(self.step, tasks)
+        if hasattr(self.engine, "reseed"):  # sampling depends on (seed, step) only: resumes replay
+            self.engine.reseed(cfg.seed, self.step)
         exp = collect(self.engine, self.world, self.tokenizer, tasks, contexts, group_size=cfg.group_size,
                       sampling=cfg.sampling, agent=self.agent, scale_by_std=cfg.scale_by_std,
-                      prefix=f"s{self.step}")
+                      prefix=f"s{self.step}", max_concurrent=cfg.max_concurrent, retry=self.retry_fn(self.step))
         metrics = dict(exp.metrics)
         if self.on_step is not None:
             metrics.update(self.on_step(self.step, exp))
@@ -174,7 +194,7 @@ class Learner:
         self._push_weights()
         self.metrics.write(self.step, metrics)
         if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
-            self.checkpoints.save(self.step, self.state, extra={"cursor": self.cursor.position})
+            self.save_checkpoint()
         return metrics
 
     def _update(self, exp: Experience) -> dict[str, float]:

@@ -33,10 +33,13 @@ class GroupContext:
 
 @dataclasses.dataclass
 class Experience:
+    """A step's episodes. Siblings are contiguous; retry groups (if any) follow the first pass."""
+
     trajectories: list[Trajectory]  # all generated episodes, siblings contiguous
     advantages: np.ndarray  # [N] float32
     admitted: np.ndarray  # [N] bool: in a group with reward variance
     metrics: dict[str, float]
+    retried: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, bool))  # [N] from a retry
 
     @property
     def train_trajectories(self) -> list[Trajectory]:
@@ -60,26 +63,54 @@ def collect(
     scale_by_std: bool = True,
     make_env: Callable[[], ShopEnv] | None = None,
     prefix: str = "step",
+    max_concurrent: int | None = None,
+    retry: GroupContext | None = None,
 ) -> Experience:
-    """Rolls out `group_size` siblings for each task (one group per task, with its context)."""
+    """Rolls out `group_size` siblings for each task (one group per task, with its context).
+
+    With `retry`, every group in which no sibling succeeded is rolled out once more under that
+    context (the full skill) as an extra group; the all-wrong original has no reward variance and
+    never trains, the retry group trains if it has variance. `skills/retry_*` metrics say what the
+    retries recovered.
+    """
     if len(task_ids) != len(contexts):
         raise ValueError(f"one context per group: {len(task_ids)} tasks, {len(contexts)} contexts")
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
     make_env = make_env or (lambda: ShopEnv(world))
-    specs = [
-        EpisodeSpec(int(task), group=g, skill_text=ctx.skill_text, skill_mask=ctx.skill_mask)
-        for g, (task, ctx) in enumerate(zip(task_ids, contexts))
-        for _ in range(group_size)
-    ]
+
+    def play(tasks: Sequence[int], ctxs: Sequence[GroupContext], first_group: int, tag: str) -> list[Trajectory]:
+        specs = [
+            EpisodeSpec(int(task), group=first_group + g, skill_text=ctx.skill_text, skill_mask=ctx.skill_mask)
+            for g, (task, ctx) in enumerate(zip(tasks, ctxs))
+            for _ in range(group_size)
+        ]
+        return run_episodes(engine, [make_env() for _ in specs], tokenizer, specs, sampling, agent,
+                            episode_prefix=tag, max_concurrent=max_concurrent)
+
     t0 = time.perf_counter()
-    trajs = run_episodes(engine, [make_env() for _ in specs], tokenizer, specs, sampling, agent, episode_prefix=prefix)
+    trajs = play(task_ids, contexts, 0, prefix)
+    retried = np.zeros(len(trajs), bool)
+    outcomes: list[RetryOutcome] = []
+    if retry is not None:
+        wrong = all_wrong_groups([t.success for t in trajs], group_size)
+        if len(wrong):
+            again = play([task_ids[g] for g in wrong], [retry] * len(wrong), len(task_ids), f"{prefix}r")
+            for j, g in enumerate(wrong):
+                sibs = again[j * group_size:(j + 1) * group_size]
+                outcomes.append(record_retry(int(g), task_ids[g], contexts[g].skill_mask,
+                                             [t.reward for t in sibs], [t.success for t in sibs]))
+            trajs += again
+            retried = np.concatenate([retried, np.ones(len(again), bool)])
     seconds = time.perf_counter() - t0
     rewards = np.asarray([t.reward for t in trajs], np.float32)
     advantages = np.asarray(group_advantages(rewards, group_size, scale_by_std=scale_by_std))
     keep_groups = np.asarray(nonzero_variance_groups(rewards, group_size))
     admitted = np.repeat(keep_groups, group_size)
-    return Experience(trajs, advantages, admitted, rollout_metrics(trajs, admitted, seconds))
+    metrics = rollout_metrics(trajs, admitted, seconds)
+    if retry is not None:
+        metrics.update(retry_metrics(outcomes))
+    return Experience(trajs, advantages, admitted, metrics, retried)
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], admitted: np.ndarray, seconds: float) -> dict[str, float]:
@@ -102,4 +133,62 @@ def rollout_metrics(trajs: Sequence[Trajectory], admitted: np.ndarray, seconds: 
         "rollout/zero_variance_drop_rate": float(1.0 - admitted.mean()),
         "perf/rollout_seconds": seconds,
         "perf/rollout_generated_tokens_per_s": generated / max(seconds, 1e-9),
+    }
+
+
+def all_wrong_groups(successes: Sequence[bool] | np.ndarray, group_size: int) -> np.ndarray:
+    """Indices of groups (siblings contiguous) in which no sibling succeeded."""
+    s = np.asarray(successes, bool)
+    if group_size < 1 or s.size % group_size:
+        raise ValueError(f"{s.size} outcomes do not split into groups of {group_size}")
+    return np.flatnonzero(~s.reshape(-1, group_size).any(axis=1))
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryOutcome:
+    """What one full-skill retry of an all-wrong group produced."""
+
+    group: int
+    task_id: int
+    original_mask: tuple[int, ...]
+    retry_rewards: tuple[float, ...]
+    retry_successes: tuple[bool, ...]
+
+    @property
+    def recovered(self) -> bool:
+        """At least one sibling succeeded with the full skill where none had before."""
+        return any(self.retry_successes)
+
+
+def record_retry(
+    group: int,
+    task_id: int,
+    original_mask: Sequence[int],
+    retry_rewards: Sequence[float],
+    retry_successes: Sequence[bool],
+) -> RetryOutcome:
+    if len(retry_rewards) != len(retry_successes):
+        raise ValueError(f"{len(retry_rewards)} rewards for {len(retry_successes)} successes")
+    return RetryOutcome(
+        group,
+        int(task_id),
+        tuple(int(v) for v in original_mask),
+        tuple(float(r) for r in retry_rewards),
+        tuple(bool(s) for s in retry_successes),
+    )
+
+
+def retry_metrics(outcomes: Sequence[RetryOutcome]) -> dict[str, float]:
+    """`skills/` metrics of one step's retries (zeros when nothing was retried)."""
+    n = len(outcomes)
+    recovered = sum(o.recovered for o in outcomes)
+    episodes = sum(len(o.retry_successes) for o in outcomes)
+    successes = sum(sum(o.retry_successes) for o in outcomes)
+    rewards = [r for o in outcomes for r in o.retry_rewards]
+    return {
+        "skills/retry_groups": float(n),
+        "skills/retry_recovered_groups": float(recovered),
+        "skills/retry_recovery_rate": recovered / n if n else 0.0,
+        "skills/retry_success_rate": successes / episodes if episodes else 0.0,
+        "skills/retry_reward_mean": float(np.mean(rewards)) if rewards else 0.0,
     }

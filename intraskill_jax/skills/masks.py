@@ -15,14 +15,14 @@ Rule (configurable in `MaskConfig`):
 These training-time masks are chosen by estimated contribution and so are never fed to the
 regression; only the gate's uniform p = 0.5 arm is.
 
-All-wrong groups are retried once with the full skill (`retry_context`); `RetryOutcome` and
-`retry_metrics` record what the retries recovered. The retry itself runs in the trainer.
+All-wrong groups are retried once with the full skill (`retry_context`); the retry itself and its
+record (`rl.rollouts.collect(retry=...)`, `RetryOutcome`) live with the rollouts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -114,61 +114,3 @@ def retry_context(bank: SkillBank, lang: str) -> GroupContext:
     """The full-skill context an all-wrong group is retried with."""
     mask = bank.full_mask()
     return GroupContext(skill_text=bank.render(mask, lang), skill_mask=mask)
-
-
-def all_wrong_groups(successes: Sequence[bool] | np.ndarray, group_size: int) -> np.ndarray:
-    """Indices of groups (siblings contiguous) in which no sibling succeeded."""
-    s = np.asarray(successes, bool)
-    if group_size < 1 or s.size % group_size:
-        raise ValueError(f"{s.size} outcomes do not split into groups of {group_size}")
-    return np.flatnonzero(~s.reshape(-1, group_size).any(axis=1))
-
-
-@dataclasses.dataclass(frozen=True)
-class RetryOutcome:
-    """What one full-skill retry of an all-wrong group produced."""
-
-    group: int
-    task_id: int
-    original_mask: tuple[int, ...]
-    retry_rewards: tuple[float, ...]
-    retry_successes: tuple[bool, ...]
-
-    @property
-    def recovered(self) -> bool:
-        """At least one sibling succeeded with the full skill where none had before."""
-        return any(self.retry_successes)
-
-
-def record_retry(
-    group: int,
-    task_id: int,
-    original_mask: Sequence[int],
-    retry_rewards: Sequence[float],
-    retry_successes: Sequence[bool],
-) -> RetryOutcome:
-    if len(retry_rewards) != len(retry_successes):
-        raise ValueError(f"{len(retry_rewards)} rewards for {len(retry_successes)} successes")
-    return RetryOutcome(
-        group,
-        int(task_id),
-        tuple(int(v) for v in original_mask),
-        tuple(float(r) for r in retry_rewards),
-        tuple(bool(s) for s in retry_successes),
-    )
-
-
-def retry_metrics(outcomes: Sequence[RetryOutcome]) -> dict[str, float]:
-    """`skills/` metrics of one step's retries (zeros when nothing was retried)."""
-    n = len(outcomes)
-    recovered = sum(o.recovered for o in outcomes)
-    episodes = sum(len(o.retry_successes) for o in outcomes)
-    successes = sum(sum(o.retry_successes) for o in outcomes)
-    rewards = [r for o in outcomes for r in o.retry_rewards]
-    return {
-        "skills/retry_groups": float(n),
-        "skills/retry_recovered_groups": float(recovered),
-        "skills/retry_recovery_rate": recovered / n if n else 0.0,
-        "skills/retry_success_rate": successes / episodes if episodes else 0.0,
-        "skills/retry_reward_mean": float(np.mean(rewards)) if rewards else 0.0,
-    }

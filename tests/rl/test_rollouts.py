@@ -60,3 +60,53 @@ def test_groups_advantages_and_zero_variance_filter(setup):
     assert m["rollout/zero_variance_drop_rate"] == pytest.approx(8 / 12)
     assert m["rollout/success"] == pytest.approx(6 / 12) and m["rollout/truncation_rate"] == pytest.approx(6 / 12)
     assert len(exp.train_trajectories) == 4 and exp.train_advantages.shape == (4,)
+
+
+def test_all_wrong_groups_are_retried_with_the_full_skill_within_engine_capacity(setup):
+    world, tok = setup
+    envs, policies, batches = [], {}, []
+    G = 4
+
+    def make_env():
+        envs.append(ShopEnv(world))
+        return envs[-1]
+
+    def script(session, ids):
+        prefix, i = session.rsplit("-", 1)
+        i = int(i)
+        retry = prefix.endswith("r")
+        # First pass: group 0 has one success, group 1 none. Retry of group 1: siblings 0, 1 succeed.
+        wins = (i % G in (0, 1)) if retry else (i == 0)
+        if not wins:
+            return "no idea"
+        env = envs[3 * G + i] if retry else envs[i]
+        if session not in policies:
+            policies[session] = OraclePolicy()
+            policies[session].reset(env, "")
+        return format_tool_calls([from_env_action(policies[session].act(env, ""))], "qwen3_5")
+
+    class Counting(ScriptedEngine):
+        def generate(self, requests, params):
+            batches.append(len(requests))
+            return super().generate(requests, params)
+
+    engine = Counting(lambda s: tok.encode(s, add_special_tokens=False), script, tok.convert_tokens_to_ids(IM_END))
+    tasks = [int(t) for t in world.splits.train[:3]]
+    full = GroupContext("all chunks", (1, 1))
+    # Group 2 ("no idea" everywhere, but with the same script as group 1) is all-wrong too.
+    exp = collect(engine, world, tok, tasks, [GroupContext()] * 3, group_size=G, prefix="s",
+                  sampling=SamplingParams(max_new_tokens=128), agent=AgentConfig(max_turns=12),
+                  make_env=make_env, max_concurrent=5, retry=full)
+    assert max(batches) <= 5
+    first, again = exp.trajectories[:3 * G], exp.trajectories[3 * G:]
+    assert [t.success for t in first] == [True] + [False] * 11
+    assert len(again) == 2 * G and all(t.skill_mask == (1, 1) for t in again)
+    assert [t.task_id for t in again] == [tasks[1]] * G + [tasks[2]] * G
+    assert [t.group for t in again[::G]] == [3, 4]
+    assert [t.success for t in again] == [True, True, False, False] * 2
+    assert exp.retried.tolist() == [False] * 12 + [True] * 8
+    # Only groups with reward variance train: group 0 and both retry groups.
+    assert exp.admitted.tolist() == [True] * 4 + [False] * 8 + [True] * 8
+    m = exp.metrics
+    assert m["skills/retry_groups"] == 2 and m["skills/retry_recovered_groups"] == 2
+    assert m["skills/retry_success_rate"] == pytest.approx(0.5)

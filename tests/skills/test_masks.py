@@ -5,15 +5,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from intraskill_jax.rl.rollouts import GroupContext
+from intraskill_jax.rl.rollouts import GroupContext, all_wrong_groups, record_retry, retry_metrics
 from intraskill_jax.skills.bank import LedgerEntry, SkillBank
 from intraskill_jax.skills.masks import (
     MaskConfig,
-    all_wrong_groups,
     inclusion_probabilities,
-    record_retry,
     retry_context,
-    retry_metrics,
     sample_contexts,
 )
 

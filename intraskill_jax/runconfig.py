@@ -1,0 +1,278 @@
+"""The run config: ml-collections files in `configs/` turned into typed, validated dataclasses.
+
+A config file defines `get_config() -> ConfigDict` whose sections mirror `RunConfig`; every leaf
+can be overridden on the command line (`--config.train.optim.learning_rate=1e-5`). `load` builds
+the typed config and rejects unknown keys with their dotted path, before any expensive work.
+
+Sections (each the dataclass of the part it configures):
+  policy    where the policy comes from (an HF directory, or a fresh tiny model built here)
+  sim       the simulator (sim.config.SimConfig)
+  agent     episode limits and chat format (agent.episode.AgentConfig)
+  rollout   the engine (embedded JAX sampler or an SGLang server) and sampling
+  sft       the supervised warm start on oracle demonstrations
+  train     GRPO: rounds x gate_every steps, groups, optimizer, loss
+  skills    the bank, group masks, retry, gate and analysts (mode: coevolve / fixed / none)
+  eval      the test conditions
+  mesh      the device mesh
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from sim.config import SimConfig
+
+from intraskill_jax.agent.episode import AgentConfig
+from intraskill_jax.models.sharding import MeshConfig
+from intraskill_jax.rl.grpo import LossConfig
+from intraskill_jax.rl.sft import SFTConfig
+from intraskill_jax.rl.train_step import OptimConfig
+from intraskill_jax.rollout.base import SamplingParams
+from intraskill_jax.rollout.jax_sampler import SamplerConfig
+from intraskill_jax.skills.analysts import AnalystsConfig
+from intraskill_jax.skills.gate import GateConfig
+from intraskill_jax.skills.masks import MaskConfig
+
+
+class ConfigError(ValueError):
+    """A config that cannot run: names the key and what would fix it."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolicyConfig:
+    """Attributes:
+      path: HF checkpoint directory (config.json, safetensors, tokenizer files). Empty: build a
+        fresh Qwen3.5-architecture model from `init` and a BPE tokenizer trained on the
+        simulator's text, saved as an HF directory under `<workdir>/base/` and loaded from there
+        through the same path a real checkpoint takes.
+      init: `ModelConfig` fields over `ModelConfig.tiny_qwen3_5` for the fresh model.
+      tokenizer_vocab_size: vocabulary of the tokenizer trained for the fresh model.
+      dtype: compute dtype; 'auto' is float32 on CPU and bfloat16 on GPU/TPU.
+      remat: activation checkpointing of the decoder layers ('none', 'full').
+    """
+
+    path: str = ""
+    init: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tokenizer_vocab_size: int = 2048
+    dtype: str = "auto"
+    remat: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigError(f"policy.dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """Attributes:
+      engine: 'jax' (the embedded sampler, in process) or 'sglang' (an HTTP server at `url`).
+      url: the SGLang (or `intraskill serve`) server.
+      sampler: the embedded sampler's cache and compile buckets.
+      sampling: rollout sampling; the temperature is also the trainer's scoring temperature.
+    """
+
+    engine: Literal["jax", "sglang"] = "jax"
+    url: str = "http://127.0.0.1:30000"
+    sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+    sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=256))
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("jax", "sglang"):
+            raise ConfigError(f"rollout.engine must be 'jax' or 'sglang', got {self.engine!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarmStartConfig:
+    """Attributes:
+      enabled: run SFT on oracle demonstrations before GRPO.
+      num_demos: demonstrations (training tasks, in the data order).
+      sft: the supervised update (optimizer, batch, epochs).
+    """
+
+    enabled: bool = False
+    num_demos: int = 256
+    sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Attributes:
+      rounds / gate_every: the run is rounds x gate_every GRPO steps; the gate closes each round.
+      groups_per_step / group_size: tasks per step and siblings per task (G).
+      scale_by_std: divide advantages by the group std (False: Dr.GRPO).
+      checkpoint_every: steps between checkpoints (round ends are always saved).
+      seed: data order, masks and sampling.
+    """
+
+    rounds: int = 4
+    gate_every: int = 20
+    groups_per_step: int = 4
+    group_size: int = 8
+    scale_by_std: bool = True
+    checkpoint_every: int = 5
+    seed: int = 0
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(learning_rate=1e-6))
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+
+    @property
+    def steps(self) -> int:
+        return self.rounds * self.gate_every
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.gate_every < 1:
+            raise ConfigError(f"train.rounds and train.gate_every must be >= 1, got {self.rounds}, {self.gate_every}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SkillsConfig:
+    """Attributes:
+      mode: 'coevolve' (masks, retry, gate, analysts), 'fixed' (the initial bank, never changed)
+        or 'none' (plain GRPO: no skill text ever).
+      initial: the skill directory of round 0 (relative paths resolve against the repository).
+      lang: language the chunks are rendered in ('en' or 'zh').
+      retry: retry all-wrong groups once with the full skill.
+      validation_tasks: validation tasks per gate (the first n of the validation split).
+      analyst: 'offline' (failure taxonomy, no LLM) or 'openai' (a chat endpoint at analyst_url).
+    """
+
+    mode: Literal["coevolve", "fixed", "none"] = "coevolve"
+    initial: str = "skills/s0"
+    lang: str = "en"
+    retry: bool = True
+    validation_tasks: int = 100
+    masks: MaskConfig = dataclasses.field(default_factory=MaskConfig)
+    gate: GateConfig = dataclasses.field(default_factory=GateConfig)
+    analysts: AnalystsConfig = dataclasses.field(default_factory=AnalystsConfig)
+    analyst: Literal["offline", "openai"] = "offline"
+    analyst_url: str = "http://127.0.0.1:30000/v1"
+    analyst_model: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("coevolve", "fixed", "none"):
+            raise ConfigError(f"skills.mode must be coevolve, fixed or none, got {self.mode!r}")
+        if self.analyst not in ("offline", "openai"):
+            raise ConfigError(f"skills.analyst must be 'offline' or 'openai', got {self.analyst!r}")
+        if self.lang not in ("en", "zh"):
+            raise ConfigError(f"skills.lang must be 'en' or 'zh', got {self.lang!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Attributes:
+      num_tasks: test tasks (the first n of the test split), the same for every condition.
+      conditions: which of base_bare, base_skill, trained_bare, trained_skill to run.
+      sampling: evaluation sampling (one completed rollout per task and condition).
+      seed: sampling seed (the same for every condition, so the conditions are paired).
+    """
+
+    num_tasks: int = 400
+    conditions: tuple[str, ...] = ("base_bare", "base_skill", "trained_bare", "trained_skill")
+    sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=256))
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        bad = set(self.conditions) - set(CONDITIONS)
+        if bad:
+            raise ConfigError(f"eval.conditions: unknown {sorted(bad)}; known: {list(CONDITIONS)}")
+
+
+CONDITIONS = ("base_bare", "base_skill", "trained_bare", "trained_skill")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    name: str = "run"
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    sim: SimConfig = dataclasses.field(default_factory=SimConfig)
+    agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    skills: SkillsConfig = dataclasses.field(default_factory=SkillsConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+
+def from_mapping(cls: type, values: Any, where: str = "config") -> Any:
+    """Builds dataclass `cls` from a nested mapping; unknown keys and wrong shapes are errors."""
+    if isinstance(values, cls):
+        return values
+    if cls is SimConfig:
+        try:
+            return SimConfig.from_mapping(values)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    if not isinstance(values, Mapping) and not hasattr(values, "keys"):
+        raise ConfigError(f"{where} must be a mapping of {cls.__name__} fields, got {type(values).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(values.keys()) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in {where}; known: {sorted(fields)}")
+    kwargs = {k: _convert(hints[k], values[k], f"{where}.{k}") for k in values.keys()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return from_mapping(hint, value, where)
+    if origin is tuple:
+        return tuple(value)
+    if origin is dict or hint is dict:
+        return dict(value)
+    if origin in (typing.Union, types.UnionType) and value is not None:
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(inner[0], value, where) if len(inner) == 1 else value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def load(config: Any) -> RunConfig:
+    """A `RunConfig` from a ConfigDict / mapping (e.g. what `config_flags` parsed)."""
+    if isinstance(config, RunConfig):
+        return config
+    mapping = config.to_dict() if hasattr(config, "to_dict") else config
+    return from_mapping(RunConfig, mapping, "config")
+
+
+def load_file(path: str | Path) -> RunConfig:
+    """Loads a config file (`configs/<name>.py`, its `get_config()`) outside absl's flag parsing."""
+    import importlib.util
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    spec = importlib.util.spec_from_file_location(f"_intraskill_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"{path} defines no get_config()")
+    return load(module.get_config())
+
+
+def resolve_repo_path(path: str) -> Path:
+    """A config path: absolute, relative to the current directory, or to the repository root."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return p
+    repo = Path(__file__).resolve().parent.parent / p
+    return repo if repo.exists() else p
