@@ -1,0 +1,470 @@
+"""The bundle: a run's records in one shareable folder that anyone can re-analyse without a model.
+
+    <workdir>/bundle/
+      manifest.json              SHA-256 and size of every other file
+      config.json                the run config
+      problems.json              what the run directory lacked or had damaged when bundled
+      metrics.jsonl              per-step metrics (one row per step, scopes merged)
+      groups.jsonl               per-group summaries of the training episodes
+      gates.json                 every gate document (fit, decisions, summary, funnel)
+      validation_episodes.jsonl  the gates' validation episodes (same tasks at each checkpoint)
+      outcomes.jsonl             test episodes, one per (condition, task): the paired outcomes
+      skills/round_K.json        each round's chunks (en and zh) and ledger
+      contributions.jsonl        derived: each column's estimate and interval per gate
+      paired_outcomes.jsonl      derived: one row per task across conditions
+      figures.json               derived: every number the report shows
+
+The derived files are computed from the bundle's own primary files (never from the run), so
+`check_bundle` can verify every hash and then recompute them and compare. Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from intraskill_jax.analysis import behaviour, results, training
+from intraskill_jax.analysis.rundata import (
+    AnalysisInputError,
+    Problem,
+    RunData,
+    load_run,
+    read_jsonl_lenient,
+)
+
+log = logging.getLogger(__name__)
+
+BUNDLE_FORMAT = "intraskill-bundle/1"
+MANIFEST = "manifest.json"
+# name -> JSON kind ("doc" one document, "rows" JSON lines); skills/round_K.json come on top.
+PRIMARY = {
+    "config.json": "doc",
+    "problems.json": "doc",
+    "metrics.jsonl": "rows",
+    "groups.jsonl": "rows",
+    "gates.json": "doc",
+    "validation_episodes.jsonl": "rows",
+    "outcomes.jsonl": "rows",
+}
+DERIVED = {
+    "contributions.jsonl": "rows",
+    "paired_outcomes.jsonl": "rows",
+    "figures.json": "doc",
+}
+# Fixed so that a recomputation anywhere reproduces the stored intervals bit for bit.
+SETTINGS = {"bootstrap_resamples": 9999, "bootstrap_seed": 0, "confidence": 0.95, "smoothing": 0.9}
+REL_TOL, ABS_TOL = 1e-9, 1e-12
+
+
+class BundleError(AnalysisInputError):
+    """A bundle that is incomplete, altered, or whose figures do not follow from its data."""
+
+
+@dataclasses.dataclass
+class BundleData:
+    """A bundle's primary records (and figures.json when present)."""
+
+    root: Path
+    config: dict[str, Any]
+    problems: list[dict[str, Any]]
+    metrics: list[dict[str, Any]]
+    groups: list[dict[str, Any]]
+    gates: list[dict[str, Any]]
+    validation_episodes: list[dict[str, Any]]
+    outcomes: list[dict[str, Any]]
+    skills: list[dict[str, Any]]
+    figures: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleCheck:
+    """What `check_bundle` verified."""
+
+    files: int  # hashes verified
+    values: int  # numbers and strings of the derived files compared with the recomputation
+
+
+# -- building ---------------------------------------------------------------------------------
+
+
+def build_bundle(
+    workdir: str | os.PathLike, out: str | os.PathLike | None = None, *, run: RunData | None = None
+) -> Path:
+    """Writes `<workdir>/bundle/` (or `out`) from a run directory and returns its path.
+
+    The bundle is assembled under a temporary name and swapped in whole, so an old bundle is
+    never left half overwritten. Problems found in the run are logged and stored in
+    problems.json; what is complete is bundled.
+    """
+    run = run if run is not None else load_run(workdir)
+    for p in run.problems:
+        log.warning("%s", p)
+    dest = Path(out) if out is not None else Path(workdir) / "bundle"
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        _write_primary(tmp, run)
+        data = read_bundle(tmp)
+        for name, content in derive(data).items():
+            _write(tmp / name, DERIVED[name], content)
+        write_manifest(tmp)
+        _swap_in(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def _write_primary(root: Path, run: RunData) -> None:
+    _write(root / "config.json", "doc", run.config)
+    _write(root / "problems.json", "doc", [p.to_json() for p in run.problems])
+    _write(root / "metrics.jsonl", "rows", training.merge_steps(run.metrics))
+    _write(root / "groups.jsonl", "rows", training.group_summaries(run.rollouts))
+    _write(root / "gates.json", "doc", run.gates)
+    _write(root / "validation_episodes.jsonl", "rows", run.gate_episodes)
+    _write(root / "outcomes.jsonl", "rows", run.outcomes)
+    for s in run.skills:
+        _write(root / "skills" / f"round_{s['round']}.json", "doc", s)
+
+
+def _swap_in(tmp: Path, dest: Path) -> None:
+    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _write(path: Path, kind: str, content: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clean = _json_clean(content)
+    if kind == "rows":
+        text = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in clean)
+    else:
+        text = json.dumps(clean, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def _json_clean(x: Any) -> Any:
+    """JSON has no NaN or infinity (and other readers reject them): they become null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, Mapping):
+        return {str(k): _json_clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_clean(v) for v in x]
+    return x
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def bundle_files(root: Path) -> list[str]:
+    """Every file of the bundle but the manifest, as sorted POSIX paths relative to `root`."""
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and p.relative_to(root).as_posix() != MANIFEST
+    )
+
+
+def write_manifest(root: Path) -> Path:
+    files = {
+        rel: {"sha256": sha256(root / rel), "bytes": (root / rel).stat().st_size}
+        for rel in bundle_files(root)
+    }
+    _write(root / MANIFEST, "doc", {"format": BUNDLE_FORMAT, "files": files})
+    return root / MANIFEST
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def read_bundle(root: str | os.PathLike) -> BundleData:
+    """Reads a bundle's records without checking hashes (see `load_bundle`).
+
+    Raises:
+      BundleError: a file is missing or does not parse, naming it.
+    """
+    root = Path(root)
+    problems: list[Problem] = []
+    docs: dict[str, Any] = {}
+    for name, kind in PRIMARY.items():
+        docs[name] = _read(root, name, kind, problems)
+    skills = []
+    for p in sorted((root / "skills").glob("round_*.json"), key=_round_of):
+        doc = _read(root, p.relative_to(root).as_posix(), "doc", problems)
+        if doc is not None:
+            skills.append(doc)
+    figures = _read(root, "figures.json", "doc", []) if (root / "figures.json").is_file() else None
+    if problems:
+        raise BundleError(f"bundle {root} cannot be read", problems)
+    return BundleData(
+        root=root,
+        config=docs["config.json"],
+        problems=docs["problems.json"],
+        metrics=docs["metrics.jsonl"],
+        groups=docs["groups.jsonl"],
+        gates=docs["gates.json"],
+        validation_episodes=docs["validation_episodes.jsonl"],
+        outcomes=docs["outcomes.jsonl"],
+        skills=skills,
+        figures=figures,
+    )
+
+
+def load_bundle(root: str | os.PathLike, *, verify: bool = True) -> BundleData:
+    """Reads a bundle, first verifying every hash in its manifest (unless `verify` is False)."""
+    if verify:
+        verify_hashes(Path(root))
+    return read_bundle(root)
+
+
+def _read(root: Path, rel: str, kind: str, problems: list[Problem]) -> Any:
+    path = root / rel
+    if not path.is_file():
+        problems.append(Problem(rel, "missing", "not in the bundle"))
+        return None
+    if kind == "rows":
+        return read_jsonl_lenient(path, rel, problems)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        problems.append(Problem(rel, "corrupt", f"not JSON ({e})"))
+        return None
+
+
+def _round_of(p: Path) -> int:
+    digits = p.stem.removeprefix("round_")
+    return int(digits) if digits.isdigit() else -1
+
+
+# -- derived files ----------------------------------------------------------------------------
+
+
+def derive(data: BundleData) -> dict[str, Any]:
+    """The derived files' contents, from the primary records only."""
+    return {
+        "contributions.jsonl": training.contribution_history(data.gates, data.skills),
+        "paired_outcomes.jsonl": results.paired_outcomes(data.outcomes),
+        "figures.json": compute_figures(data),
+    }
+
+
+def compute_figures(data: BundleData) -> dict[str, Any]:
+    """Every number the report shows, computed from a bundle's primary records."""
+    series = training.training_series(data.metrics, SETTINGS["smoothing"])
+    final = {}
+    for name, s in series.items():
+        last = max((i for i, v in enumerate(s["raw"]) if v is not None), default=None)
+        if last is not None:
+            final[name] = {"step": s["step"][last], "raw": s["raw"][last], "smooth": s["smooth"][last]}
+    steps = [int(r["step"]) for r in data.metrics]
+    conditions = results.condition_table(data.outcomes)
+    return {
+        "format": BUNDLE_FORMAT,
+        "settings": dict(SETTINGS),
+        "run": {
+            "steps": len(steps),
+            "first_step": min(steps, default=None),
+            "last_step": max(steps, default=None),
+            "rounds_closed": len(data.gates),
+            "skill_rounds": len(data.skills),
+            "train_groups": len(data.groups),
+            "train_episodes": sum(int(g["n"]) for g in data.groups),
+            "validation_episodes": len(data.validation_episodes),
+            "eval_episodes": len(data.outcomes),
+            "conditions": len(conditions),
+            "problems": len(data.problems),
+        },
+        "conditions": conditions,
+        "comparisons": results.paired_comparisons(
+            data.outcomes,
+            confidence=SETTINGS["confidence"],
+            n_resamples=SETTINGS["bootstrap_resamples"],
+            seed=SETTINGS["bootstrap_seed"],
+        ),
+        "behaviour": {
+            "by_condition": behaviour.behaviour_by_condition(data.outcomes),
+            "by_checkpoint": behaviour.behaviour_across_checkpoints(data.validation_episodes),
+        },
+        "training": {
+            "headline": training.headline_metrics(series),
+            "final": final,
+            "series": series,
+        },
+        "groups": training.step_group_stats(data.groups),
+        "gates": training.gate_summaries(data.gates),
+        "contributions": training.contribution_history(data.gates, data.skills),
+        "funnel": training.failure_funnel(data.gates),
+        "skills": [_skill_counts(s) for s in data.skills],
+    }
+
+
+def _skill_counts(s: Mapping[str, Any]) -> dict[str, Any]:
+    chunks = s.get("chunks", [])
+    actions = [e.get("action") for e in s.get("ledger", [])]
+    return {
+        "round": int(s["round"]),
+        "name": s.get("name"),
+        "active": sum(c.get("status") == "active" for c in chunks),
+        "retired": sum(c.get("status") == "retired" for c in chunks),
+        **{f"n_{a}": actions.count(a) for a in ("retain", "rewrite", "add", "retire")},
+    }
+
+
+# -- checking ---------------------------------------------------------------------------------
+
+
+def verify_hashes(root: Path) -> int:
+    """Checks the manifest against the files; returns how many files it verified.
+
+    Raises:
+      BundleError: naming every file that is missing, altered, truncated or not in the manifest.
+    """
+    manifest_path = root / MANIFEST
+    if not root.is_dir():
+        raise BundleError(f"no bundle at {root}", [Problem(str(root), "missing", "not a directory")])
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        listed = manifest["files"]
+        if manifest.get("format") != BUNDLE_FORMAT or not isinstance(listed, dict):
+            raise ValueError(f"format {manifest.get('format')!r}, expected {BUNDLE_FORMAT!r}")
+    except FileNotFoundError:
+        raise BundleError(
+            f"bundle {root} has no manifest", [Problem(MANIFEST, "missing", "absent; rebuild with `intraskill report`")]
+        ) from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise BundleError(
+            f"bundle {root} has an unreadable manifest", [Problem(MANIFEST, "corrupt", str(e))]
+        ) from None
+    problems: list[Problem] = []
+    for name in [*PRIMARY, *DERIVED]:
+        if name not in listed:
+            problems.append(Problem(name, "missing", "the manifest does not list it"))
+    for rel, entry in sorted(listed.items()):
+        problems.extend(_check_file(root, rel, entry))
+    for rel in bundle_files(root):
+        if rel not in listed:
+            problems.append(Problem(rel, "mismatch", "present but not in the manifest (added after bundling?)"))
+    if problems:
+        raise BundleError(f"bundle {root} does not match its manifest", problems)
+    return len(listed)
+
+
+def _check_file(root: Path, rel: str, entry: Mapping[str, Any]) -> list[Problem]:
+    path = root / rel
+    if not path.is_file():
+        return [Problem(rel, "missing", "listed in the manifest but absent (deleted?)")]
+    size = path.stat().st_size
+    if sha256(path) == entry.get("sha256") and size == entry.get("bytes"):
+        return []
+    expected = entry.get("bytes")
+    if isinstance(expected, int) and size < expected:
+        detail = f"truncated: {size} bytes, the manifest says {expected}"
+        if rel.endswith(".jsonl") and not path.read_bytes().endswith(b"\n"):
+            detail += "; its last line is cut off"
+        return [Problem(rel, "incomplete", detail)]
+    return [Problem(rel, "mismatch", f"SHA-256 differs from the manifest ({size} bytes, manifest {expected}): altered after bundling")]
+
+
+def check_bundle(root: str | os.PathLike) -> BundleCheck:
+    """Verifies every hash, then recomputes the derived files from the primary records and compares.
+
+    Needs no model and no JAX: only the bundle and this package's analysis code.
+
+    Raises:
+      BundleError: naming each file that is missing, altered or truncated, or each derived value
+        that does not follow from the bundle's data (with its JSON pointer).
+    """
+    root = Path(root)
+    files = verify_hashes(root)
+    data = read_bundle(root)
+    problems: list[Problem] = []
+    compared = 0
+    for name, content in derive(data).items():
+        stored = _read(root, name, DERIVED[name], problems)
+        expected = json.loads(json.dumps(_json_clean(content), ensure_ascii=False))
+        diffs: list[str] = []
+        compared += _compare(stored, expected, "", diffs)
+        for d in diffs[:10]:
+            problems.append(Problem(name, "mismatch", d))
+        if len(diffs) > 10:
+            problems.append(Problem(name, "mismatch", f"... and {len(diffs) - 10} more differences"))
+    if problems:
+        raise BundleError(f"bundle {root}: derived files do not follow from its data", problems)
+    return BundleCheck(files=files, values=compared)
+
+
+def _compare(stored: Any, expected: Any, pointer: str, diffs: list[str]) -> int:
+    """Counts compared leaves; appends 'pointer: stored vs recomputed' for each difference."""
+    if isinstance(expected, dict) and isinstance(stored, dict):
+        n = 0
+        for k in sorted(set(expected) | set(stored)):
+            sub = f"{pointer}/{str(k).replace('~', '~0').replace('/', '~1')}"
+            if k not in stored or k not in expected:
+                diffs.append(f"{sub or '/'}: {'missing from the file' if k not in stored else 'not recomputed'}")
+                continue
+            n += _compare(stored[k], expected[k], sub, diffs)
+        return n
+    if isinstance(expected, list) and isinstance(stored, list):
+        if len(expected) != len(stored):
+            diffs.append(f"{pointer or '/'}: {len(stored)} entries in the file, {len(expected)} recomputed")
+            return 0
+        return sum(_compare(s, e, f"{pointer}/{i}", diffs) for i, (s, e) in enumerate(zip(stored, expected)))
+    same = (
+        math.isclose(stored, expected, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+        if _is_number(stored) and _is_number(expected)
+        else stored == expected and type(stored) is type(expected)
+    )
+    if not same:
+        diffs.append(f"{pointer or '/'}: {stored!r} in the file, {expected!r} recomputed from the bundle")
+    return 1
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`intraskill check-bundle DIR`: exit 0 with a summary, or 1 naming each bad file."""
+    parser = argparse.ArgumentParser(
+        prog="intraskill check-bundle",
+        description="Verify a bundle's SHA-256 manifest and recompute its figures from its data.",
+    )
+    parser.add_argument("bundle", type=Path, help="the bundle directory (e.g. <workdir>/bundle)")
+    args = parser.parse_args(argv)
+    try:
+        result = check_bundle(args.bundle)
+    except BundleError as e:
+        print(f"check-bundle: FAILED: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(
+        f"check-bundle: OK: {args.bundle}: {result.files} files match the manifest; "
+        f"{result.values} values of the derived files recomputed from the bundle alone"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""Training dynamics from a run's records: metric series (raw and smoothed), per-group summaries of
+the training episodes, each chunk's contribution estimate across gates, and the failure funnel.
+
+All functions take plain JSON rows (metrics.jsonl rows, rollout episode rows, gate documents) and
+return JSON-able rows, so the bundle can store and recompute them without the trainer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+# Shown first in the report when present; any other metric is still in the series.
+HEADLINE_METRICS = (
+    "rollout/reward_mean",
+    "rollout/success",
+    "train/pg_loss",
+    "train/loss",
+    "train/ppo_kl",
+    "train/kl",
+    "train/entropy",
+    "train/grad_norm",
+    "rollout/zero_variance_drop_rate",
+    "rollout/response_tokens_mean",
+    "rollout/tokens_per_turn",
+    "skills/retry_recovery_rate",
+)
+FUNNEL_STAGES = ("failures", "recovered_by_retry", "analysed", "proposals", "rejected", "accepted")
+ESTIMATE_FIELDS = ("beta", "se", "ci_low", "ci_high", "p")
+
+
+def merge_steps(metric_rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per step (several scopes write the same step); a later write of a name wins,
+    which is what a resumed run that re-logs a step means."""
+    merged: dict[int, dict[str, Any]] = {}
+    for r in metric_rows:
+        merged.setdefault(int(r["step"]), {}).update({k: v for k, v in r.items() if k != "step"})
+    return [{"step": s, **merged[s]} for s in sorted(merged)]
+
+
+def ema(values: Sequence[float | None], smoothing: float = 0.9) -> list[float | None]:
+    """Debiased exponential moving average (TensorBoard's smoothing); None entries stay None and
+    do not move the average."""
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+    out: list[float | None] = []
+    acc, weight = 0.0, 0.0
+    for v in values:
+        if v is None or not math.isfinite(v):
+            out.append(None)
+            continue
+        acc = smoothing * acc + (1.0 - smoothing) * v
+        weight = smoothing * weight + (1.0 - smoothing)
+        out.append(acc / weight)  # dividing by the weight removes the bias toward the zero start
+    return out
+
+
+def training_series(
+    step_rows: Iterable[Mapping[str, Any]], smoothing: float = 0.9
+) -> dict[str, dict[str, list[Any]]]:
+    """name -> {"step", "raw", "smooth"} over the steps that logged the name (per-step rows)."""
+    columns: dict[str, tuple[list[int], list[float | None]]] = {}
+    for r in step_rows:
+        for name, v in r.items():
+            if name == "step" or not isinstance(v, (int, float, type(None))) or isinstance(v, bool):
+                continue
+            steps, raw = columns.setdefault(name, ([], []))
+            steps.append(int(r["step"]))
+            raw.append(None if v is None else float(v))
+    return {
+        name: {"step": steps, "raw": raw, "smooth": ema(raw, smoothing)}
+        for name, (steps, raw) in sorted(columns.items())
+    }
+
+
+def headline_metrics(names: Iterable[str], limit: int = 8) -> list[str]:
+    """The metrics a summary shows: `HEADLINE_METRICS` present, then other train/rollout ones."""
+    names = set(names)
+    chosen = [m for m in HEADLINE_METRICS if m in names]
+    chosen += sorted(n for n in names if n.startswith(("rollout/", "train/")) and n not in chosen)
+    return chosen[:limit]
+
+
+def group_summaries(rollout_rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per training group (step, group): its size, rewards, whether it trained.
+
+    A group is the siblings of one task under one context; retry groups (full skill after an
+    all-wrong group) carry their own group index and `retry` true.
+    """
+    groups: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
+    for r in rollout_rows:
+        groups.setdefault((int(r["step"]), int(r["group"])), []).append(r)
+    out = []
+    for (step, group), eps in sorted(groups.items()):
+        rewards = np.array([float(e["reward"]) for e in eps], np.float64)
+        masks = [tuple(e.get("skill_mask") or ()) for e in eps]
+        tasks = {int(e["task_id"]) for e in eps}
+        out.append(
+            {
+                "step": step,
+                "group": group,
+                "round": _single_or_none(e.get("round") for e in eps),
+                "task_id": tasks.pop() if len(tasks) == 1 else None,
+                "n": len(eps),
+                "retry": any(bool(e.get("retry", False)) for e in eps),
+                "admitted": sum(bool(e.get("admitted", False)) for e in eps),
+                "reward_mean": float(rewards.mean()),
+                "reward_std": float(rewards.std()),
+                "success_rate": float(np.mean([bool(e["success"]) for e in eps])),
+                "chunks_on": float(np.mean([sum(m) for m in masks])),
+                "skill_free": all(sum(m) == 0 for m in masks),
+                "abs_advantage_mean": float(
+                    np.mean([abs(float(e.get("advantage", 0.0))) for e in eps])
+                ),
+            }
+        )
+    return out
+
+
+def step_group_stats(groups: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per step: groups, episodes, the share of groups with no reward variance, retried, and
+    skill-free, and the share of episodes admitted to the update."""
+    per_step: dict[int, list[Mapping[str, Any]]] = {}
+    for g in groups:
+        per_step.setdefault(int(g["step"]), []).append(g)
+    out = []
+    for step, gs in sorted(per_step.items()):
+        episodes = sum(int(g["n"]) for g in gs)
+        out.append(
+            {
+                "step": step,
+                "groups": len(gs),
+                "episodes": episodes,
+                "zero_variance_share": float(np.mean([g["reward_std"] == 0.0 for g in gs])),
+                "retry_share": float(np.mean([bool(g["retry"]) for g in gs])),
+                "skill_free_share": float(np.mean([bool(g["skill_free"]) for g in gs])),
+                "admitted_share": sum(int(g["admitted"]) for g in gs) / episodes if episodes else None,
+            }
+        )
+    return out
+
+
+def contribution_history(
+    gates: Sequence[Mapping[str, Any]], skills: Sequence[Mapping[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """One row per (gate round, column): the estimate with its interval and the decision.
+
+    `chunk` names the chunk the estimate speaks for: the column itself for a chunk or an accepted
+    addition (it keeps its proposal id), the target for an accepted rewrite (found in the next
+    round's ledger via `skills`), None for a rejected proposal.
+    """
+    rewrote: dict[tuple[int, str], str] = {}
+    for s in skills:
+        for e in s.get("ledger", ()):
+            if e.get("proposal_id") and e.get("action") == "rewrite":
+                rewrote[(int(s["round"]) - 1, e["proposal_id"])] = e["chunk_id"]
+    out = []
+    for g in sorted(gates, key=lambda g: int(g["round"])):
+        decisions = {d["column"]: d for d in g.get("decisions", ())}
+        kinds = g.get("kinds") or ["chunk"] * len(g["columns"])
+        for j, col in enumerate(g["columns"]):
+            d = decisions.get(col, {})
+            kind = kinds[j]
+            action = d.get("action")
+            if kind == "chunk" or action == "add":
+                chunk = col
+            else:
+                chunk = rewrote.get((int(g["round"]), col))
+            row: dict[str, Any] = {
+                "round": int(g["round"]),
+                "step": int(g["step"]),
+                "column": col,
+                "kind": kind,
+                "chunk": chunk,
+                "n": g.get("n"),
+            }
+            for f in ESTIMATE_FIELDS:
+                values = g.get(f)
+                row[f] = _num(values[j]) if values is not None and j < len(values) else None
+            row["passes"] = d.get("passes")
+            row["action"] = action
+            row["reason"] = d.get("reason")
+            out.append(row)
+    return out
+
+
+def gate_summaries(gates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per gate: arm means, the paired gain with its interval, McNemar, additivity, action counts."""
+    out = []
+    for g in sorted(gates, key=lambda g: int(g["round"])):
+        row: dict[str, Any] = {
+            "round": int(g["round"]),
+            "step": int(g["step"]),
+            "n": g.get("n"),
+            "columns": len(g["columns"]),
+        }
+        row.update({k: _num(v) for k, v in (g.get("summary") or {}).items()})
+        for k, v in (g.get("additivity") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                row[f"additivity_{k}"] = _num(v)
+        for action in ("retain", "rewrite", "add", "retire", "reject", "superseded"):
+            row[f"n_{action}"] = sum(d.get("action") == action for d in g.get("decisions", ()))
+        out.append(row)
+    return out
+
+
+def failure_funnel(gates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per round: failures -> recovered by retry -> analysed -> proposals -> rejected / accepted."""
+    out = []
+    for g in sorted(gates, key=lambda g: int(g["round"])):
+        funnel = g.get("funnel") or {}
+        out.append(
+            {"round": int(g["round"]), "step": int(g["step"])}
+            | {k: _num(funnel.get(k)) for k in FUNNEL_STAGES}
+        )
+    return out
+
+
+def _num(v: Any) -> Any:
+    """Numbers as JSON can hold them (non-finite -> None); other values pass through."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _single_or_none(values: Iterable[Any]) -> Any:
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else None

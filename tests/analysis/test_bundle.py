@@ -1,0 +1,134 @@
+"""The bundle: round trip, SHA-256 manifest, recomputed figures, and clear errors on damage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from intraskill_jax import rundir
+from intraskill_jax.analysis import bundle, results
+from intraskill_jax.analysis.bundle import BundleError, build_bundle, check_bundle
+
+
+def test_round_trip(run_dir: Path, bundle_dir: Path) -> None:
+    assert bundle_dir == run_dir / "bundle"
+    check = check_bundle(bundle_dir)
+    assert check.files == len(bundle.bundle_files(bundle_dir)) == 13 and check.values > 1000
+    data = bundle.load_bundle(bundle_dir)
+    assert data.outcomes == rundir.read_jsonl(rundir.eval_outcomes_path(run_dir))
+    assert data.config == json.loads((run_dir / "config.json").read_text())
+    assert [s["name"] for s in data.skills] == ["s0", "s1", "s2"]
+    assert {c["id"]: c["zh"] for c in data.skills[0]["chunks"]}["when-to-buy"]
+    assert data.problems == []
+    figures = json.loads((bundle_dir / "figures.json").read_text())
+    assert figures == data.figures
+    assert figures["conditions"] == results.condition_table(data.outcomes)
+    assert figures["run"]["rounds_closed"] == 2 and figures["run"]["last_step"] == 10
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    assert sorted(manifest["files"]) == bundle.bundle_files(bundle_dir)
+
+
+def _expect(bundle_dir: Path, path: str, kind: str, text: str) -> BundleError:
+    with pytest.raises(BundleError) as e:
+        check_bundle(bundle_dir)
+    named: dict[str, object] = {}
+    for p in e.value.problems:
+        named.setdefault(p.path, p)  # the first problem of a file is its most specific
+    assert path in named, e.value
+    assert named[path].kind == kind and text in named[path].message, named[path]
+    assert path in str(e.value)
+    return e.value
+
+
+def test_tampered_file(bundle_copy: Path) -> None:
+    path = bundle_copy / "outcomes.jsonl"
+    text = path.read_text()
+    path.write_text(text.replace('"success": false', '"success": true ', 1))  # same length
+    _expect(bundle_copy, "outcomes.jsonl", "mismatch", "SHA-256 differs")
+
+
+def test_deleted_file(bundle_copy: Path) -> None:
+    (bundle_copy / "skills" / "round_1.json").unlink()
+    _expect(bundle_copy, "skills/round_1.json", "missing", "deleted")
+
+
+def test_truncated_jsonl(bundle_copy: Path) -> None:
+    path = bundle_copy / "groups.jsonl"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 40])
+    err = _expect(bundle_copy, "groups.jsonl", "incomplete", "truncated")
+    assert "last line is cut off" in str(err)
+
+
+def test_added_file_and_missing_manifest(bundle_copy: Path) -> None:
+    (bundle_copy / "extra.json").write_text("{}")
+    _expect(bundle_copy, "extra.json", "mismatch", "not in the manifest")
+    (bundle_copy / "manifest.json").unlink()
+    _expect(bundle_copy, "manifest.json", "missing", "absent")
+
+
+def test_data_changed_with_manifest_rewritten_is_caught_by_recomputation(bundle_copy: Path) -> None:
+    # Someone edits an outcome and re-hashes: the hashes pass, the figures no longer follow.
+    path = bundle_copy / "outcomes.jsonl"
+    rows = rundir.read_jsonl(path)
+    flip = next(i for i, r in enumerate(rows) if r["condition"] == "trained_skill" and not r["success"])
+    rows[flip]["success"] = True
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    bundle.write_manifest(bundle_copy)
+    err = _expect(bundle_copy, "figures.json", "mismatch", "recomputed from the bundle")
+    task_index = sorted({r["task_id"] for r in rows}).index(rows[flip]["task_id"])
+    assert any(
+        p.path == "paired_outcomes.jsonl"
+        and p.message.startswith(f"/{task_index}/success~1trained_skill: False in the file, True")
+        for p in err.problems
+    )
+
+
+def test_figure_edited_with_manifest_rewritten(bundle_copy: Path) -> None:
+    path = bundle_copy / "figures.json"
+    figures = json.loads(path.read_text())
+    figures["comparisons"][0]["success_ci_low"] += 0.01
+    path.write_text(json.dumps(figures))
+    bundle.write_manifest(bundle_copy)
+    _expect(bundle_copy, "figures.json", "mismatch", "/comparisons/0/success_ci_low")
+
+
+def test_rebuild_replaces_the_old_bundle(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    build_bundle(run_dir, out)
+    (out / "stale.txt").write_text("old")
+    build_bundle(run_dir, out)
+    assert not (out / "stale.txt").exists()
+    check_bundle(out)
+    assert not list(tmp_path.glob(".b.*"))
+
+
+def test_partial_run_bundles_what_is_complete(partial_run_dir: Path, tmp_path: Path) -> None:
+    out = build_bundle(partial_run_dir, tmp_path / "bundle")
+    check_bundle(out)
+    figures = json.loads((out / "figures.json").read_text())
+    assert figures["conditions"] == [] and figures["comparisons"] == []
+    assert figures["run"]["last_step"] == 13 and figures["run"]["problems"] == 1
+    (problem,) = json.loads((out / "problems.json").read_text())
+    assert problem["path"] == "metrics.jsonl" and "has not closed" in problem["message"]
+
+
+def test_check_needs_no_jax_and_cli(bundle_dir: Path, bundle_copy: Path, capsys: pytest.CaptureFixture) -> None:
+    code = (
+        "import sys; from intraskill_jax.analysis.bundle import check_bundle; "
+        f"check_bundle({str(bundle_dir)!r}); "
+        "heavy = [m for m in ('jax', 'flax', 'torch', 'transformers') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+    bundle.main([str(bundle_dir)])
+    assert "check-bundle: OK" in capsys.readouterr().out
+    (bundle_copy / "gates.json").unlink()
+    with pytest.raises(SystemExit) as e:
+        bundle.main([str(bundle_copy)])
+    assert e.value.code == 1
+    assert "gates.json: listed in the manifest but absent" in capsys.readouterr().err

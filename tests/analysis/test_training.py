@@ -1,0 +1,91 @@
+"""training.py: merged steps, smoothing, group summaries, contribution history and the funnel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from intraskill_jax import rundir
+from intraskill_jax.analysis import training
+
+
+def test_merge_steps_later_write_wins() -> None:
+    rows = [{"step": 2, "a/x": 1.0}, {"step": 1, "a/y": 5.0}, {"step": 2, "b/z": 3.0}, {"step": 2, "a/x": 4.0}]
+    assert training.merge_steps(rows) == [{"step": 1, "a/y": 5.0}, {"step": 2, "a/x": 4.0, "b/z": 3.0}]
+
+
+def test_ema_is_debiased_and_skips_none() -> None:
+    values = [1.0, None, 3.0, 2.0]
+    s = 0.6
+    got = training.ema(values, s)
+    # Hand: acc_t = s acc + (1-s) v, divided by 1 - s^t over the non-missing values.
+    acc1 = 0.4 * 1.0
+    acc2 = s * acc1 + 0.4 * 3.0
+    acc3 = s * acc2 + 0.4 * 2.0
+    assert got[0] == pytest.approx(1.0) and got[1] is None
+    assert got[2] == pytest.approx(acc2 / (1 - s**2))
+    assert got[3] == pytest.approx(acc3 / (1 - s**3))
+    assert training.ema([2.0, 2.0], 0.0) == [2.0, 2.0]
+    with pytest.raises(ValueError, match="smoothing"):
+        training.ema([1.0], 1.0)
+
+
+def test_training_series_and_headline(run_dir: Path) -> None:
+    steps = training.merge_steps(rundir.read_jsonl(run_dir / "metrics.jsonl"))
+    series = training.training_series(steps)
+    reward = series["rollout/reward_mean"]
+    assert reward["step"] == list(range(1, 11))
+    assert reward["raw"] == [r["rollout/reward_mean"] for r in steps]
+    assert series["gate/gain_reward"]["step"] == [5, 10]
+    assert training.headline_metrics(series)[:3] == ["rollout/reward_mean", "rollout/success", "train/pg_loss"]
+
+
+def test_group_summaries_match_rollout_rows(run_dir: Path) -> None:
+    rows = [{**r, "step": s} for s in range(1, 11) for r in rundir.read_jsonl(rundir.rollouts_path(run_dir, s))]
+    groups = training.group_summaries(rows)
+    assert sum(g["n"] for g in groups) == len(rows)
+    for g in groups[:6]:
+        eps = [r for r in rows if r["step"] == g["step"] and r["group"] == g["group"]]
+        rewards = np.array([r["reward"] for r in eps])
+        assert g["reward_mean"] == pytest.approx(rewards.mean())
+        assert g["reward_std"] == pytest.approx(rewards.std())
+        assert g["retry"] == eps[0]["retry"]
+        assert g["admitted"] == sum(r["admitted"] for r in eps)
+        assert g["task_id"] == eps[0]["task_id"]
+    retried = [g for g in groups if g["retry"]]
+    assert retried and all(g["chunks_on"] > 0 for g in retried)
+    stats = training.step_group_stats(groups)
+    first = [g for g in groups if g["step"] == 1]
+    assert stats[0]["zero_variance_share"] == pytest.approx(np.mean([g["reward_std"] == 0 for g in first]))
+
+
+def test_contribution_history_follows_chunks_through_adds_and_rewrites(bundle_dir: Path) -> None:
+    gates = json.loads((bundle_dir / "gates.json").read_text())
+    skills = [json.loads(p.read_text()) for p in sorted((bundle_dir / "skills").glob("round_*.json"))]
+    hist = training.contribution_history(gates, skills)
+    assert len(hist) == sum(len(g["columns"]) for g in gates)
+    for row in hist:
+        g = gates[row["round"]]
+        j = g["columns"].index(row["column"])
+        assert (row["beta"], row["ci_low"], row["ci_high"]) == (g["beta"][j], g["ci_low"][j], g["ci_high"][j])
+    added = [r for r in hist if r["kind"] == "proposal" and r["action"] == "add"]
+    assert added and all(r["chunk"] == r["column"] for r in added)
+    rewrites = [r for r in hist if r["kind"] == "proposal" and r["action"] == "rewrite"]
+    for r in rewrites:
+        ledger = {e["proposal_id"]: e["chunk_id"] for e in skills[r["round"] + 1]["ledger"] if e["proposal_id"]}
+        assert r["chunk"] == ledger[r["column"]] != r["column"]
+
+
+def test_funnel_and_gate_summaries(bundle_dir: Path) -> None:
+    gates = json.loads((bundle_dir / "gates.json").read_text())
+    funnel = training.failure_funnel(gates)
+    assert [f["round"] for f in funnel] == [0, 1]
+    assert funnel[0] == {"round": 0, "step": 5, **gates[0]["funnel"]}
+    summ = training.gate_summaries(gates)
+    assert summ[1]["gain_reward"] == gates[1]["summary"]["gain_reward"]
+    assert summ[0]["additivity_predicted"] == gates[0]["additivity"]["predicted"]
+    assert summ[0]["n_retain"] + summ[0]["n_retire"] + summ[0]["n_rewrite"] == sum(
+        k == "chunk" for k in gates[0]["kinds"])
