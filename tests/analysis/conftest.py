@@ -34,3 +34,18 @@ def partial_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_run(
         tmp_path_factory.mktemp("partial") / "run", RunSpec(with_eval=False, extra_steps=3)
     )
+
+
+@pytest.fixture(scope="session")
+def report(run_dir: Path, bundle_dir: Path):
+    """The full report of the finished run (bundle rebuilt in place, plots, site)."""
+    from intraskill_jax.analysis.report import build_report
+
+    return build_report(run_dir, progress=False)
+
+
+@pytest.fixture(scope="session")
+def figures(report) -> dict:
+    import json
+
+    return json.loads((report.bundle / "figures.json").read_text(encoding="utf-8"))

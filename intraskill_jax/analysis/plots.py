@@ -1,0 +1,243 @@
+"""The report's figures (matplotlib, Agg; SVG and PNG), drawn only from a bundle's figures.json.
+
+Every plot function takes the figures dict and returns a matplotlib `Figure`, or None when the
+run has nothing to show for it yet (e.g. no evaluation). Figures are built with the object API,
+never pyplot, so nothing lingers in global state between calls.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display, and the same output on every machine
+
+from matplotlib.figure import Figure  # noqa: E402
+
+from intraskill_jax.analysis.behaviour import BEHAVIOUR_FIELDS  # noqa: E402
+from intraskill_jax.analysis.training import FUNNEL_STAGES  # noqa: E402
+
+Figures = Mapping[str, Any]
+PlotFn = Callable[[Figures], Figure | None]
+
+_GOOD, _BAD, _SAME_OK, _SAME_FAIL = "#2e7d32", "#c62828", "#a5d6a7", "#cfcfcf"
+_LABELS = {
+    "tokens_per_turn": "tokens per turn",
+    "turns": "model steps",
+    "searches": "searches",
+    "product_visits": "product-page visits",
+    "repairs": "repairs",
+}
+
+
+def plot_training(fig: Figures, max_panels: int = 6) -> Figure | None:
+    """Headline metrics over steps: raw (faint) and EMA-smoothed, gates as dashed lines."""
+    series = fig["training"]["series"]
+    names = fig["training"]["headline"][:max_panels]
+    if not names:
+        return None
+    cols = min(3, len(names))
+    rows = (len(names) + cols - 1) // cols
+    figure = Figure(figsize=(4.2 * cols, 2.8 * rows), layout="constrained")
+    axes = figure.subplots(rows, cols, squeeze=False).ravel()
+    gate_steps = [g["step"] for g in fig["gates"]]
+    for ax, name in zip(axes, names):
+        s = series[name]
+        ax.plot(s["step"], _nan(s["raw"]), color="#1565c0", alpha=0.3, lw=1, label="raw")
+        ax.plot(s["step"], _nan(s["smooth"]), color="#1565c0", lw=2, label="smoothed")
+        for x in gate_steps:
+            ax.axvline(x, color="#888", ls="--", lw=0.8)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in axes[len(names) :]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=8)
+    return figure
+
+
+def plot_conditions(fig: Figures) -> Figure | None:
+    """Strict reward and success rate per test condition."""
+    table = fig["conditions"]
+    if not table:
+        return None
+    figure = Figure(figsize=(9, 3.4), layout="constrained")
+    axes = figure.subplots(1, 2)
+    labels = [f"{r['condition']}\n(n={r['n']})" for r in table]
+    colors = ["#90a4ae" if r["policy"] == "base" else "#1565c0" for r in table]
+    for ax, key, title in ((axes[0], "reward", "strict reward"), (axes[1], "success", "success rate")):
+        values = [r[key] for r in table]
+        bars = ax.bar(range(len(table)), values, color=colors)
+        ax.bar_label(bars, labels=[f"{v:.3f}" for v in values], fontsize=8)
+        ax.set_xticks(range(len(table)), labels, fontsize=8)
+        ax.set_ylim(0, max(1.0, max(values) * 1.15))
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    return figure
+
+
+def plot_flips(fig: Figures) -> Figure | None:
+    """Per paired comparison: tasks newly succeeding, regressing, and unchanged."""
+    comps = fig["comparisons"]
+    if not comps:
+        return None
+    figure = Figure(figsize=(9, 0.7 * len(comps) + 1.4), layout="constrained")
+    ax = figure.subplots()
+    parts = (
+        ("newly_succeed", "newly succeed", _GOOD),
+        ("regress", "regress", _BAD),
+        ("both_succeed", "unchanged: success", _SAME_OK),
+        ("both_fail", "unchanged: failure", _SAME_FAIL),
+    )
+    y = list(range(len(comps)))[::-1]
+    left = [0] * len(comps)
+    for key, label, color in parts:
+        values = [c[key] for c in comps]
+        ax.barh(y, values, left=left, color=color, label=label)
+        left = [a + b for a, b in zip(left, values)]
+    ax.set_yticks(
+        y,
+        [f"{c['a']} vs {c['b']}\nMcNemar p={_fmt(c['mcnemar_p'], '.3g')}" for c in comps],
+        fontsize=8,
+    )
+    ax.set_xlabel("tasks")
+    ax.legend(fontsize=8, ncols=4, loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    return figure
+
+
+def plot_behaviour(fig: Figures) -> Figure | None:
+    """Behaviour per test condition, successes and failures side by side."""
+    rows = fig["behaviour"]["by_condition"]
+    conds = list(dict.fromkeys(r["condition"] for r in rows))
+    if not conds:
+        return None
+    by = {(r["condition"], r["outcome"]): r for r in rows}
+    figure = Figure(figsize=(3.2 * len(BEHAVIOUR_FIELDS), 3.4), layout="constrained")
+    axes = figure.subplots(1, len(BEHAVIOUR_FIELDS))
+    width = 0.38
+    for ax, field in zip(axes, BEHAVIOUR_FIELDS):
+        for k, (outcome, color) in enumerate((("success", _GOOD), ("failure", _BAD))):
+            values = _nan([by[(c, outcome)][field] for c in conds])
+            ax.bar([i + (k - 0.5) * width for i in range(len(conds))], values, width, color=color,
+                   label=outcome)
+        ax.set_xticks(range(len(conds)), conds, rotation=30, ha="right", fontsize=8)
+        ax.set_title(_LABELS[field], fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return figure
+
+
+def plot_behaviour_checkpoints(fig: Figures) -> Figure | None:
+    """Behaviour on the fixed validation tasks at each gate's checkpoint, per arm."""
+    rows = [r for r in fig["behaviour"]["by_checkpoint"] if r["outcome"] == "all"]
+    if not rows:
+        return None
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    figure = Figure(figsize=(3.2 * len(BEHAVIOUR_FIELDS), 3.0), layout="constrained")
+    axes = figure.subplots(1, len(BEHAVIOUR_FIELDS))
+    for ax, field in zip(axes, BEHAVIOUR_FIELDS):
+        for arm in arms:
+            sel = [r for r in rows if r["arm"] == arm]
+            ax.plot([r["round"] for r in sel], _nan([r[field] for r in sel]), marker="o", label=arm)
+        ax.set_title(_LABELS[field], fontsize=10)
+        ax.set_xticks(sorted({r["round"] for r in rows}))
+        ax.set_xlabel("gate round")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return figure
+
+
+def plot_contributions(fig: Figures, cols: int = 4) -> Figure | None:
+    """Each chunk's contribution estimate (beta, 95% CI) at every gate it was tested in, one
+    small panel per chunk on a shared y axis (a dozen overlaid intervals would be unreadable)."""
+    rows = [r for r in fig["contributions"] if r["chunk"] is not None and r["beta"] is not None]
+    if not rows:
+        return None
+    chunks = list(dict.fromkeys(r["chunk"] for r in rows))
+    rounds = sorted({r["round"] for r in rows})
+    cols = min(cols, len(chunks))
+    n_rows = (len(chunks) + cols - 1) // cols
+    figure = Figure(figsize=(3.0 * cols, 2.2 * n_rows), layout="constrained")
+    axes = figure.subplots(n_rows, cols, squeeze=False, sharex=True, sharey=True).ravel()
+    for ax, chunk in zip(axes, chunks):
+        for kind, color in (("chunk", "#1565c0"), ("proposal", "#ef6c00")):
+            sel = [r for r in rows if r["chunk"] == chunk and r["kind"] == kind]
+            if not sel:
+                continue
+            low = [r["beta"] - r["ci_low"] if r["ci_low"] is not None else 0.0 for r in sel]
+            high = [r["ci_high"] - r["beta"] if r["ci_high"] is not None else 0.0 for r in sel]
+            ax.errorbar([r["round"] for r in sel], [r["beta"] for r in sel], yerr=[low, high],
+                        fmt="o-", ms=4, capsize=2, lw=1, color=color, label=kind)
+        ax.axhline(0, color="#444", lw=0.8)
+        ax.set_title(chunk, fontsize=9)
+        ax.set_xticks(rounds)
+        ax.set_xlim(rounds[0] - 0.5, rounds[-1] + 0.5)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(chunks) :]:
+        ax.set_visible(False)
+    figure.suptitle("blue: the chunk's text of that round; orange: a proposal for it "
+                    "(an addition, or a rewrite of it)", fontsize=9)
+    figure.supxlabel("gate round", fontsize=9)
+    figure.supylabel("beta: gain in strict reward (95% CI)", fontsize=9)
+    return figure
+
+
+def plot_funnel(fig: Figures) -> Figure | None:
+    """Per round: failures, recovered by retry, analysed, proposals, rejected, accepted."""
+    funnel = fig["funnel"]
+    if not funnel:
+        return None
+    figure = Figure(figsize=(9, 3.4), layout="constrained")
+    ax = figure.subplots()
+    width = 0.8 / len(FUNNEL_STAGES)
+    for k, stage in enumerate(FUNNEL_STAGES):
+        x = [i + (k - len(FUNNEL_STAGES) / 2 + 0.5) * width for i in range(len(funnel))]
+        bars = ax.bar(x, _nan([f[stage] for f in funnel]), width, label=stage.replace("_", " "))
+        ax.bar_label(bars, labels=[_fmt(f[stage], "g") for f in funnel], fontsize=7)
+    ax.set_xticks(range(len(funnel)), [f"round {f['round']}" for f in funnel])
+    ax.legend(fontsize=8, ncols=3)
+    ax.grid(axis="y", alpha=0.3)
+    return figure
+
+
+PLOTS: dict[str, PlotFn] = {
+    "training": plot_training,
+    "conditions": plot_conditions,
+    "flips": plot_flips,
+    "behaviour": plot_behaviour,
+    "behaviour_checkpoints": plot_behaviour_checkpoints,
+    "contributions": plot_contributions,
+    "funnel": plot_funnel,
+}
+
+
+def write_plots(
+    fig: Figures, out_dir: str | os.PathLike, names: Sequence[str] = tuple(PLOTS)
+) -> dict[str, list[Path]]:
+    """Saves `<out_dir>/<name>.svg` and `.png` for each plot with data; returns name -> paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, list[Path]] = {}
+    for name in names:
+        figure = PLOTS[name](fig)
+        if figure is None:
+            continue
+        paths = [out / f"{name}.svg", out / f"{name}.png"]
+        # No timestamp in the SVG, so rebuilding an unchanged bundle gives identical files.
+        figure.savefig(paths[0], format="svg", metadata={"Date": None})
+        figure.savefig(paths[1], format="png", dpi=110)
+        written[name] = paths
+    return written
+
+
+def _nan(values: Sequence[float | None]) -> list[float]:
+    """matplotlib leaves gaps at NaN; JSON gave None for values that are not defined."""
+    return [float("nan") if v is None else float(v) for v in values]
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)

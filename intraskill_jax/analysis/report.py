@@ -1,0 +1,106 @@
+"""`intraskill report --workdir W [--out DIR]`: the bundle, its check, the plots and the site.
+
+    <workdir>/bundle/            the shareable bundle (always here; see bundle.py)
+    <out>/index.html ...         the static site (default <workdir>/report/)
+    <out>/plots/*.svg, *.png     the figures
+
+A run that is still going, was killed, or has no evaluation yet still gets a report of what is
+complete; each gap is logged naming its file and listed on the overview page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from intraskill_jax.analysis.bundle import BundleCheck, build_bundle, check_bundle, load_bundle
+from intraskill_jax.analysis.rundata import AnalysisInputError, Problem, load_run
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    bundle: Path
+    out: Path
+    index: Path
+    plots: dict[str, list[Path]]
+    check: BundleCheck
+    problems: tuple[Problem, ...]
+
+
+def build_report(
+    workdir: str | os.PathLike, out: str | os.PathLike | None = None, *, progress: bool = True
+) -> Report:
+    """Builds bundle, plots and site for a run directory.
+
+    Raises:
+      RunDataError: `workdir` is not a run directory or holds no records at all.
+      BundleError: the freshly built bundle fails its own check (a bug, reported with the file).
+    """
+    from tqdm.auto import tqdm
+
+    # Imported here: matplotlib is only needed once a report is actually drawn.
+    from intraskill_jax.analysis import plots as plots_mod
+    from intraskill_jax.analysis.site import build_site
+
+    workdir = Path(workdir)
+    out_dir = Path(out) if out is not None else workdir / "report"
+    stages = ("read run", "bundle", "check bundle", "plots", "site")
+    with tqdm(total=len(stages), desc="report", unit="stage", disable=not progress) as bar:
+        bar.set_postfix_str(stages[0])
+        run = load_run(workdir)
+        bar.update(1)
+        bar.set_postfix_str(stages[1])
+        bundle_dir = build_bundle(workdir, run=run)
+        bar.update(1)
+        bar.set_postfix_str(stages[2])
+        check = check_bundle(bundle_dir)
+        bar.update(1)
+        bar.set_postfix_str(stages[3])
+        plot_dir = out_dir / "plots"
+        if plot_dir.is_dir():  # a plot that no longer has data must not survive from a rebuild
+            for old in [*plot_dir.glob("*.svg"), *plot_dir.glob("*.png")]:
+                old.unlink()
+        figures = load_bundle(bundle_dir, verify=False).figures
+        written = plots_mod.write_plots(figures, plot_dir)
+        bar.update(1)
+        bar.set_postfix_str(stages[4])
+        index = build_site(bundle_dir, out_dir)
+        bar.update(1)
+    return Report(bundle_dir, out_dir, index, written, check, tuple(run.problems))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="intraskill report",
+        description="Bundle a run directory (SHA-256 manifest), draw its plots and build the "
+        "offline HTML report.",
+    )
+    parser.add_argument("--workdir", type=Path, required=True, help="the run directory")
+    parser.add_argument("--out", type=Path, default=None, help="site directory (default: <workdir>/report)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        report = build_report(args.workdir, args.out, progress=not args.quiet)
+    except AnalysisInputError as e:
+        log.error("%s", e)
+        raise SystemExit(1) from None
+    if report.problems:
+        log.warning(
+            "%d problem(s) in %s; the report shows what is complete (listed on its overview page)",
+            len(report.problems),
+            args.workdir,
+        )
+    print(f"bundle: {report.bundle} ({report.check.files} files, verified)")
+    print(f"plots:  {report.out / 'plots'} ({len(report.plots)} figures, SVG and PNG)")
+    print(f"report: {report.index.resolve().as_uri()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""`intraskill report`: the whole pipeline on a finished run and on one stopped mid-round."""
+
+from __future__ import annotations
+
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from intraskill_jax.analysis import plots, report as report_mod
+from intraskill_jax.analysis.bundle import check_bundle
+
+
+def test_full_report(report, run_dir: Path) -> None:
+    assert report.out == run_dir / "report" and report.index == run_dir / "report" / "index.html"
+    assert set(report.plots) == set(plots.PLOTS)
+    for svg, png in report.plots.values():
+        root = ET.parse(svg).getroot()
+        assert root.tag.endswith("svg")
+        assert "<dc:date>" not in svg.read_text()  # rebuilds give identical files
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.problems == ()
+    check_bundle(report.bundle)
+
+
+def test_plots_skip_what_has_no_data(figures: dict) -> None:
+    empty = {**figures, "conditions": [], "comparisons": [], "funnel": [], "contributions": [],
+             "behaviour": {"by_condition": [], "by_checkpoint": []}}
+    for name in ("conditions", "flips", "funnel", "contributions", "behaviour", "behaviour_checkpoints"):
+        assert plots.PLOTS[name](empty) is None
+
+
+def test_partial_run_still_reports(partial_run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = Path(shutil.copytree(partial_run_dir, tmp_path / "run"))
+    (run / "rollouts" / "step_000007.jsonl").unlink()  # and a lost step file on top
+    report_mod.main(["--workdir", str(run), "--out", str(tmp_path / "site"), "--quiet"])
+    out = capsys.readouterr().out
+    assert f"report: {(tmp_path / 'site' / 'index.html').as_uri()}" in out
+    overview = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert "<code>rollouts/step_000007.jsonl</code> (missing)" in overview
+    assert "<code>metrics.jsonl</code> (incomplete)" in overview and "round 2 has not closed" in overview
+    assert "No evaluation yet" in (tmp_path / "site" / "results.html").read_text(encoding="utf-8")
+    made = {p.stem for p in (tmp_path / "site" / "plots").glob("*.svg")}
+    assert made == {"training", "behaviour_checkpoints", "contributions", "funnel"}
+    check_bundle(run / "bundle")
+
+
+def test_not_a_run_exits_with_the_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        report_mod.main(["--workdir", str(tmp_path / "missing"), "--quiet"])
+    assert e.value.code == 1
+    assert "no run directory" in caplog.text
