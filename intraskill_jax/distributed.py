@@ -1,0 +1,193 @@
+"""Several JAX processes (TPU pod workers, GPU hosts): when to join them, and the helpers a trainer needs.
+
+JAX runs one Python process per host; the processes must join one distributed system before
+the first JAX computation, after which `jax.devices()` lists every device of every process and
+a mesh over them spans the whole slice. `maybe_initialize()` decides from the environment
+whether there is more than one process, first match wins:
+
+  INTRASKILL_NUM_PROCESSES=N, INTRASKILL_PROCESS_ID=i, INTRASKILL_COORDINATOR=host:port
+      explicit; N > 1 joins N processes with process 0 serving at host:port (any launcher,
+      e.g. GPU hosts without a scheduler); N = 1 forces a single process whatever else is set.
+  INTRASKILL_DISTRIBUTED=auto | off
+      auto: join, and let JAX find coordinator, count and id itself; off: one process.
+      `launch_tpu.sh` sets auto on every worker of a TPU VM pod slice, where only the TPU
+      metadata server (which JAX queries) knows the workers: no environment variable on a
+      TPU VM says "pod".
+  SLURM_NTASKS > 1, OMPI_COMM_WORLD_SIZE > 1, TPU_WORKER_HOSTNAMES / TPU_PROCESS_ADDRESSES
+  listing several hosts (GKE TPU), MEGASCALE_NUM_SLICES > 1 (multislice)
+      a launcher JAX understands started several processes: join with JAX's auto-detection.
+  anything else
+      one process; nothing is initialised (so single-host runs never wait for a coordinator).
+
+JAX itself still reads JAX_COORDINATOR_PORT (port of the auto-detected coordinator) and
+JAX_LOCAL_DEVICE_IDS (one process per GPU).
+
+Use, first thing in a command's main, before anything touches a device:
+
+    distributed.maybe_initialize()
+    mesh = make_mesh(...)                       # now over all processes' devices
+    ...
+    params = distributed.gather_to_host(state.params)   # every process, collective
+    if distributed.is_main_process():
+        save_pretrained(...)                    # one writer
+    distributed.sync("hf_export")               # nobody reads the export before it exists
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+log = logging.getLogger(__name__)
+
+ENV_COORDINATOR = "INTRASKILL_COORDINATOR"
+ENV_NUM_PROCESSES = "INTRASKILL_NUM_PROCESSES"
+ENV_PROCESS_ID = "INTRASKILL_PROCESS_ID"
+ENV_DISTRIBUTED = "INTRASKILL_DISTRIBUTED"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProcessGroup:
+    """How to call `jax.distributed.initialize`: explicit values, or all None for JAX's detection.
+
+    Attributes:
+      source: the environment variable(s) that asked for several processes (for the log).
+      coordinator: host:port of process 0's coordination service.
+      num_processes, process_id: this process's place in the group.
+    """
+
+    source: str
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer; set it to a whole number or unset it.") from None
+
+
+def _explicit(env: Mapping[str, str]) -> ProcessGroup | None:
+    count = _int_env(env, ENV_NUM_PROCESSES)
+    if count is None or count == 1:
+        return None
+    coordinator = env.get(ENV_COORDINATOR, "").strip()
+    process_id = _int_env(env, ENV_PROCESS_ID)
+    if count < 1:
+        raise ValueError(f"{ENV_NUM_PROCESSES}={count} must be >= 1.")
+    if process_id is None or not 0 <= process_id < count:
+        raise ValueError(f"{ENV_NUM_PROCESSES}={count} needs {ENV_PROCESS_ID} in [0, {count - 1}] on each process; "
+                         f"got {env.get(ENV_PROCESS_ID)!r}.")
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{ENV_NUM_PROCESSES}={count} needs {ENV_COORDINATOR}=host:port (process 0's address, "
+                         f"the same on every process); got {coordinator!r}.")
+    return ProcessGroup(source=ENV_NUM_PROCESSES, coordinator=coordinator, num_processes=count,
+                        process_id=process_id)
+
+
+def _host_count(addresses: str) -> int:
+    return len([a for a in addresses.split(",") if a.strip()])
+
+
+def detect(env: Mapping[str, str] | None = None) -> ProcessGroup | None:
+    """The process group the environment describes, or None for a single process (pure; no JAX)."""
+    env = os.environ if env is None else env
+    if env.get(ENV_NUM_PROCESSES, "").strip():
+        return _explicit(env)
+    mode = env.get(ENV_DISTRIBUTED, "").strip().lower()
+    if mode not in ("", "auto", "off"):
+        raise ValueError(f"{ENV_DISTRIBUTED}={mode!r}: expected 'auto' (join, JAX detects the cluster) or 'off'.")
+    if mode == "off":
+        return None
+    if mode == "auto":
+        return ProcessGroup(source=f"{ENV_DISTRIBUTED}=auto")
+    # Launchers JAX can read itself; each asks for several processes in its own words.
+    if (_int_env(env, "SLURM_NTASKS") or 1) > 1:
+        return ProcessGroup(source="SLURM_NTASKS")
+    if (_int_env(env, "OMPI_COMM_WORLD_SIZE") or 1) > 1:
+        return ProcessGroup(source="OMPI_COMM_WORLD_SIZE")
+    for name in ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES"):
+        if _host_count(env.get(name, "")) > 1:
+            return ProcessGroup(source=name)
+    if (_int_env(env, "MEGASCALE_NUM_SLICES") or 1) > 1:
+        return ProcessGroup(source="MEGASCALE_NUM_SLICES")
+    return None
+
+
+def maybe_initialize(env: Mapping[str, str] | None = None, *, timeout_s: int = 300) -> bool:
+    """Joins the distributed system when the environment asks for several processes.
+
+    Call before any JAX computation (even `jax.devices()`): JAX fixes the device list when its
+    backend starts. Safe to call again (a joined process stays joined). Returns True when this
+    process is part of a multi-process group.
+
+    Args:
+      env: the environment to read (default: os.environ).
+      timeout_s: how long to wait for every process to reach the coordinator.
+    """
+    group = detect(env)
+    if group is None:
+        log.debug("single JAX process (no multi-process environment found)")
+        return False
+    if jax.distributed.is_initialized():
+        return True
+    log.info("joining the JAX distributed system (%s): coordinator=%s processes=%s id=%s", group.source,
+             group.coordinator or "auto", group.num_processes or "auto",
+             "auto" if group.process_id is None else group.process_id)
+    jax.distributed.initialize(coordinator_address=group.coordinator, num_processes=group.num_processes,
+                               process_id=group.process_id, initialization_timeout=timeout_s)
+    log.info("JAX process %d of %d: %d local devices, %d in all", jax.process_index(), jax.process_count(),
+             jax.local_device_count(), jax.device_count())
+    return True
+
+
+def is_main_process() -> bool:
+    """True on process 0: the one that writes shared files (HF exports, bundles, reports)."""
+    return jax.process_index() == 0
+
+
+def sync(name: str) -> None:
+    """Barrier: returns once every process has called sync(name) with the same name."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def gather_to_host(tree: Any) -> Any:
+    """Every array leaf as a whole NumPy array on every process (a collective: all must call it).
+
+    Sharded arrays are gathered one leaf at a time, so the extra device memory is one replicated
+    tensor rather than a replicated model.
+    """
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        if x.is_fully_addressable:
+            return np.asarray(jax.device_get(x))
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.tree.map(one, tree)
+
+
+def broadcast_from_main(tree: Any) -> Any:
+    """Process 0's values of `tree` on every process (shapes and dtypes must match everywhere).
+
+    For host-side decisions that must not diverge between processes (a batch built from
+    process 0's rollouts, a wall-clock-based choice).
+    """
+    if jax.process_count() == 1:
+        return tree
+    return multihost_utils.broadcast_one_to_all(tree)
