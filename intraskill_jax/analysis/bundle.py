@@ -400,7 +400,15 @@ def check_bundle(root: str | os.PathLike) -> BundleCheck:
     data = read_bundle(root)
     problems: list[Problem] = []
     compared = 0
-    for name, content in derive(data).items():
+    try:
+        derived = derive(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        # Records edited (and re-hashed) into a shape the analysis cannot read.
+        raise BundleError(
+            f"bundle {root}: its records cannot be analysed",
+            [Problem(".", "corrupt", f"recomputing the derived files failed: {e!r}")],
+        ) from None
+    for name, content in derived.items():
         stored = _read(root, name, DERIVED[name], problems)
         expected = json.loads(json.dumps(_json_clean(content), ensure_ascii=False))
         diffs: list[str] = []
@@ -453,8 +461,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         prog="intraskill check-bundle",
         description="Verify a bundle's SHA-256 manifest and recompute its figures from its data.",
     )
-    parser.add_argument("bundle", type=Path, help="the bundle directory (e.g. <workdir>/bundle)")
+    parser.add_argument(
+        "bundle", type=Path, help="the bundle directory, or a run directory holding bundle/"
+    )
     args = parser.parse_args(argv)
+    if not (args.bundle / MANIFEST).exists() and (args.bundle / "bundle" / MANIFEST).is_file():
+        args.bundle = args.bundle / "bundle"
     try:
         result = check_bundle(args.bundle)
     except BundleError as e:

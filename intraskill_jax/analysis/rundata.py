@@ -163,6 +163,7 @@ def load_run(workdir: str | Path, *, strict: bool = False) -> RunData:
             problems,
             ("condition", *EPISODE_REQUIRED),
         )
+        outcomes = _one_per_condition_and_task(outcomes, problems)
     _note_unfinished_round(metrics, gates, problems)
     if not (metrics or rollouts or gates or skills or outcomes):
         raise RunDataError(
@@ -301,6 +302,30 @@ def _read_skills(
                 Problem(f"skills/round_{k}", "missing" if missing else "corrupt", f"round {k}: {why}")
             )
     return skills
+
+
+def _one_per_condition_and_task(
+    rows: list[dict[str, Any]], problems: list[Problem]
+) -> list[dict[str, Any]]:
+    """Paired analysis needs one episode per (condition, task): later repeats are dropped."""
+    seen: set[tuple[str, int]] = set()
+    kept, dropped = [], 0
+    for r in rows:
+        key = (str(r["condition"]), int(r["task_id"]))
+        if key in seen:
+            dropped += 1
+            continue
+        seen.add(key)
+        kept.append(r)
+    if dropped:
+        problems.append(
+            Problem(
+                "eval/outcomes.jsonl",
+                "corrupt",
+                f"{dropped} repeated (condition, task) episode(s); the first of each is used",
+            )
+        )
+    return kept
 
 
 def _note_unfinished_round(

@@ -96,10 +96,12 @@ def _train_step(root: Path, rng: np.random.Generator, spec: RunSpec, bank: Skill
     rewards = np.array([e["reward"] for e in rows]).reshape(-1, spec.group_size)
     std = rewards.std(axis=1, keepdims=True)
     adv = np.where(std > 0, (rewards - rewards.mean(axis=1, keepdims=True)) / np.maximum(std, 1e-6), 0.0)
+    # As the trainer does: episode files are numbered by the step counter before the update
+    # (from 0), metric rows by the count of finished steps (from 1).
     for i, e in enumerate(rows):
-        e.update(step=step, round=round_, admitted=bool(std[i // spec.group_size, 0] > 0),
+        e.update(step=step - 1, round=round_, admitted=bool(std[i // spec.group_size, 0] > 0),
                  advantage=float(adv.flat[i]))
-    rundir.write_jsonl(rundir.rollouts_path(root, step), rows)
+    rundir.write_jsonl(rundir.rollouts_path(root, step - 1), rows)
     metrics.append({"step": step, "rollout/reward_mean": float(rewards.mean()),
                     "rollout/success": float(np.mean([e["success"] for e in rows])),
                     "rollout/zero_variance_drop_rate": float(np.mean(std == 0)),

@@ -132,3 +132,18 @@ def test_check_needs_no_jax_and_cli(bundle_dir: Path, bundle_copy: Path, capsys:
         bundle.main([str(bundle_copy)])
     assert e.value.code == 1
     assert "gates.json: listed in the manifest but absent" in capsys.readouterr().err
+
+
+def test_records_in_an_unreadable_shape(bundle_copy: Path) -> None:
+    path = bundle_copy / "outcomes.jsonl"
+    rows = rundir.read_jsonl(path)
+    del rows[0]["task_id"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bundle.write_manifest(bundle_copy)
+    with pytest.raises(BundleError, match="recomputing the derived files failed: KeyError"):
+        check_bundle(bundle_copy)
+
+
+def test_cli_accepts_the_run_directory(run_dir: Path, bundle_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    bundle.main([str(run_dir)])
+    assert f"check-bundle: OK: {bundle_dir}" in capsys.readouterr().out

@@ -22,7 +22,7 @@ def _paths(run) -> dict[str, str]:
 def test_finished_run_has_no_problems(run_dir: Path) -> None:
     run = load_run(run_dir, strict=True)
     assert len(run.gates) == 2 and len(run.skills) == 3 and len(run.outcomes) == 160
-    assert {r["step"] for r in run.rollouts} == set(range(1, 11))
+    assert {r["step"] for r in run.rollouts} == set(range(10))
     assert run.skills[2]["chunks"][0]["zh"]
 
 
@@ -39,10 +39,11 @@ def test_run_stopped_mid_round_is_noted(partial_run_dir: Path) -> None:
 
 def test_missing_step_files_are_named(damaged: Path) -> None:
     (damaged / "rollouts" / "step_000004.jsonl").unlink()
-    (damaged / "rollouts" / "step_000013.jsonl").unlink()  # the last one: only metrics show it ran
+    (damaged / "rollouts" / "step_000012.jsonl").unlink()  # the last one: only metrics show it ran
     problems = _paths(load_run(damaged))
     assert "absent" in problems["rollouts/step_000004.jsonl"]
-    assert "absent" in problems["rollouts/step_000013.jsonl"]
+    assert "absent" in problems["rollouts/step_000012.jsonl"]
+    assert len(problems) == 3  # and the unfinished round; no step is reported that did exist
 
 
 def test_torn_and_corrupt_lines_keep_the_rest(damaged: Path) -> None:
@@ -86,3 +87,13 @@ def test_not_a_run(tmp_path: Path) -> None:
         load_run(tmp_path / "nowhere")
     with pytest.raises(RunDataError, match="holds no run records"):
         load_run(tmp_path)
+
+
+def test_repeated_outcomes_keep_the_first(run_dir: Path, tmp_path: Path) -> None:
+    run = Path(shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("bundle", "report")))
+    path = run / "eval" / "outcomes.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines) + lines[0] + lines[5])
+    loaded = load_run(run)
+    assert len(loaded.outcomes) == 160
+    assert "2 repeated (condition, task)" in _paths(loaded)["eval/outcomes.jsonl"]

@@ -131,8 +131,13 @@ _NUMBERS_JS = (
 
 
 def _load(browser, page: Path) -> list[list[str]]:
+    from selenium.webdriver.support.ui import WebDriverWait
+
     browser.get(page.resolve().as_uri())
-    assert browser.execute_script("return document.readyState") == "complete"
+    # get() may return before a file:// page finishes on a busy machine: wait for the load event.
+    WebDriverWait(browser, 30).until(
+        lambda d: d.execute_script("return document.readyState") == "complete"
+    )
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     assert not errors, f"{page.name}: console errors {errors}"
     broken = browser.execute_script(

@@ -44,7 +44,7 @@ def test_training_series_and_headline(run_dir: Path) -> None:
 
 
 def test_group_summaries_match_rollout_rows(run_dir: Path) -> None:
-    rows = [{**r, "step": s} for s in range(1, 11) for r in rundir.read_jsonl(rundir.rollouts_path(run_dir, s))]
+    rows = [r for s in range(10) for r in rundir.read_jsonl(rundir.rollouts_path(run_dir, s))]
     groups = training.group_summaries(rows)
     assert sum(g["n"] for g in groups) == len(rows)
     for g in groups[:6]:
@@ -58,7 +58,7 @@ def test_group_summaries_match_rollout_rows(run_dir: Path) -> None:
     retried = [g for g in groups if g["retry"]]
     assert retried and all(g["chunks_on"] > 0 for g in retried)
     stats = training.step_group_stats(groups)
-    first = [g for g in groups if g["step"] == 1]
+    first = [g for g in groups if g["step"] == 0]
     assert stats[0]["zero_variance_share"] == pytest.approx(np.mean([g["reward_std"] == 0 for g in first]))
 
 
