@@ -1,4 +1,4 @@
-"""The report's figures (matplotlib, Agg; SVG and PNG), drawn only from a bundle's figures.json.
+"""The report's figures (matplotlib, Agg canvas; SVG and PNG), drawn only from figures.json.
 
 Every plot function takes the figures dict and returns a matplotlib `Figure`, or None when the
 run has nothing to show for it yet (e.g. no evaluation). Figures are built with the object API,
@@ -12,14 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # no display, and the same output on every machine
-
-from matplotlib.figure import Figure  # noqa: E402
-
-from intraskill_jax.analysis.behaviour import BEHAVIOUR_FIELDS  # noqa: E402
-from intraskill_jax.analysis.training import FUNNEL_STAGES  # noqa: E402
+from intraskill_jax.analysis.behaviour import BEHAVIOUR_FIELDS
+from intraskill_jax.analysis.training import FUNNEL_STAGES
 
 Figures = Mapping[str, Any]
 PlotFn = Callable[[Figures], Figure | None]
@@ -226,6 +223,9 @@ def write_plots(
         figure = PLOTS[name](fig)
         if figure is None:
             continue
+        # Rendered on an Agg canvas of its own: no display needed, and the process-wide
+        # backend (e.g. a notebook's inline one) is left alone.
+        FigureCanvasAgg(figure)
         paths = [out / f"{name}.svg", out / f"{name}.png"]
         # No timestamp in the SVG, so rebuilding an unchanged bundle gives identical files.
         figure.savefig(paths[0], format="svg", metadata={"Date": None})
