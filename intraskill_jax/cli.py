@@ -1,9 +1,15 @@
 """`intraskill <command>`: one entry point for the project's jobs.
 
 Commands map to library calls; each keeps its own flags (`intraskill <command> --help`).
-  serve       SGLang-compatible rollout server over the embedded JAX sampler
-  sim-demo    build the simulator world and play the test split with the reference policies
-  sim-serve   ShopSimulator-compatible HTTP service (forwards to `python -m sim serve`)
+  quickstart    train, evaluate and report on the CPU default (configs/quickstart.py)
+  sft           supervised warm start on oracle demonstrations (--config, --workdir)
+  train         co-evolution: GRPO rounds with the skill bank, masks and the gate (--config, --workdir)
+  eval          the four test conditions on the same tasks (--config, --workdir, --conditions)
+  report        plots, bundle and the static site from a run directory (--workdir)
+  check-bundle  verify a bundle's hashes and recompute its figures (DIR)
+  serve         SGLang-compatible rollout server over the embedded JAX sampler
+  sim-demo      build the simulator world and play the test split with the reference policies
+  sim-serve     ShopSimulator-compatible HTTP service (forwards to `python -m sim serve`)
 """
 
 from __future__ import annotations
@@ -11,25 +17,39 @@ from __future__ import annotations
 import sys
 
 _SIM_COMMANDS = {"sim-demo": "demo", "sim-serve": "serve"}
+_TRAINING = ("quickstart", "sft", "train", "eval")
+_COMMANDS = (*_TRAINING, "report", "check-bundle", "serve", *_SIM_COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv if argv is None else argv)
-    if len(argv) < 2 or argv[1] in ("-h", "--help") or argv[1] not in (*_SIM_COMMANDS, "serve"):
+    if len(argv) < 2 or argv[1] in ("-h", "--help") or argv[1] not in _COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
         raise SystemExit(0 if len(argv) >= 2 and argv[1] in ("-h", "--help") else 2)
-    command = argv[1]
-    if command == "serve":
+    command, rest = argv[1], argv[2:]
+    if command in _TRAINING:
+        from intraskill_jax.main import run
+
+        run(command, rest)
+    elif command == "report":
+        from intraskill_jax.analysis.report import main as report
+
+        report(rest)
+    elif command == "check-bundle":
+        from intraskill_jax.analysis.bundle import main as check_bundle
+
+        check_bundle(rest)
+    elif command == "serve":
         from intraskill_jax.rollout.serve import main as serve
 
-        serve(argv[2:])
-        return
-    from absl import app
+        serve(rest)
+    else:
+        from absl import app
 
-    import sim.__main__ as sim_main
+        import sim.__main__ as sim_main
 
-    sys.argv = [f"intraskill {command}", _SIM_COMMANDS[command], *argv[2:]]
-    app.run(sim_main.main, argv=sys.argv)
+        sys.argv = [f"intraskill {command}", _SIM_COMMANDS[command], *rest]
+        app.run(sim_main.main, argv=sys.argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ Sections (each the dataclass of the part it configures):
   rollout   the engine (embedded JAX sampler or an SGLang server) and sampling
   sft       the supervised warm start on oracle demonstrations
   train     GRPO: rounds x gate_every steps, groups, optimizer, loss
-  skills    the bank, group masks, retry, gate and analysts (mode: coevolve / fixed / none)
+  skills    the bank, group masks, retry, gate and analysts (mode: coevolve / fixed / none);
+            chunks are rendered in the catalog's language (sim.catalog.lang)
   eval      the test conditions
   mesh      the device mesh
 """
@@ -75,16 +76,27 @@ class RolloutConfig:
       url: the SGLang (or `intraskill serve`) server.
       sampler: the embedded sampler's cache and compile buckets.
       sampling: rollout sampling; the temperature is also the trainer's scoring temperature.
+      max_concurrent: episodes in flight at once; 0 means the sampler's max_batch (jax) or 64
+        (sglang, whose server batches continuously).
     """
 
     engine: Literal["jax", "sglang"] = "jax"
     url: str = "http://127.0.0.1:30000"
+    max_concurrent: int = 0
     sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
     sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=256))
 
     def __post_init__(self) -> None:
         if self.engine not in ("jax", "sglang"):
             raise ConfigError(f"rollout.engine must be 'jax' or 'sglang', got {self.engine!r}")
+        if self.max_concurrent < 0:
+            raise ConfigError(f"rollout.max_concurrent must be >= 0, got {self.max_concurrent}")
+
+    @property
+    def capacity(self) -> int:
+        if self.max_concurrent:
+            return self.max_concurrent
+        return self.sampler.max_batch if self.engine == "jax" else 64
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,17 +147,17 @@ class SkillsConfig:
       mode: 'coevolve' (masks, retry, gate, analysts), 'fixed' (the initial bank, never changed)
         or 'none' (plain GRPO: no skill text ever).
       initial: the skill directory of round 0 (relative paths resolve against the repository).
-      lang: language the chunks are rendered in ('en' or 'zh').
       retry: retry all-wrong groups once with the full skill.
       validation_tasks: validation tasks per gate (the first n of the validation split).
+      max_failures_analysed: remaining failures per round sent to the analysts (a seeded sample).
       analyst: 'offline' (failure taxonomy, no LLM) or 'openai' (a chat endpoint at analyst_url).
     """
 
     mode: Literal["coevolve", "fixed", "none"] = "coevolve"
     initial: str = "skills/s0"
-    lang: str = "en"
     retry: bool = True
     validation_tasks: int = 100
+    max_failures_analysed: int = 64
     masks: MaskConfig = dataclasses.field(default_factory=MaskConfig)
     gate: GateConfig = dataclasses.field(default_factory=GateConfig)
     analysts: AnalystsConfig = dataclasses.field(default_factory=AnalystsConfig)
@@ -158,8 +170,6 @@ class SkillsConfig:
             raise ConfigError(f"skills.mode must be coevolve, fixed or none, got {self.mode!r}")
         if self.analyst not in ("offline", "openai"):
             raise ConfigError(f"skills.analyst must be 'offline' or 'openai', got {self.analyst!r}")
-        if self.lang not in ("en", "zh"):
-            raise ConfigError(f"skills.lang must be 'en' or 'zh', got {self.lang!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

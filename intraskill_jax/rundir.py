@@ -8,7 +8,7 @@ Everything the report, the bundle and a resumed run read is written through thes
     <workdir>/checkpoints/                      orbax (params, optimizer, step, RNG, cursor, bank round)
     <workdir>/hf/weight_vNNNNNN/                HF safetensors pushed to SGLang
     <workdir>/skills/round_K/                   the bank of round K and its ledger (skills/bank.py)
-    <workdir>/rollouts/step_NNNNNN.jsonl        training episodes of a step (episode_record + step fields)
+    <workdir>/rollouts/step_NNNNNN.jsonl        training episodes of a step (episode_trace + step fields)
     <workdir>/gates/round_K.json                the gate that closed round K (fit, decisions, funnel)
     <workdir>/gates/round_K_episodes.jsonl      its validation episodes (episode_record + arm, mask)
     <workdir>/eval/outcomes.jsonl               test episodes, one per (condition, task)
@@ -20,6 +20,7 @@ complete file or none.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from intraskill_jax.agent.trajectory import Trajectory
+from intraskill_jax.agent.trajectory import Trajectory, Turn
 
 # Fields of every episode record (training, gate and evaluation episodes alike).
 EPISODE_FIELDS = (
@@ -76,6 +77,23 @@ def episode_record(t: Trajectory) -> dict[str, Any]:
         "repairs": int(t.repairs),
         "truncated": t.truncated,
     }
+
+
+def episode_trace(t: Trajectory) -> dict[str, Any]:
+    """`episode_record` plus what the analysts read (env stats and each turn), still no tokens."""
+    return {**episode_record(t), "env_stats": dict(t.env_stats),
+            "trace": [dataclasses.asdict(turn) for turn in t.turns]}
+
+
+def trajectory_from_trace(row: Mapping[str, Any]) -> Trajectory:
+    """A token-less `Trajectory` back from `episode_trace` (enough for the analysts)."""
+    return Trajectory(
+        episode_id=row["episode_id"], task_id=int(row["task_id"]), group=int(row["group"]),
+        skill_mask=tuple(row["skill_mask"]), token_ids=[], loss_mask=[], logprobs=[], prompt_length=0,
+        turns=[Turn(**turn) for turn in row.get("trace", ())], reward=float(row["reward"]),
+        reward_detail=dict(row["reward_detail"]), env_stats=dict(row.get("env_stats", {})),
+        done=True, truncated=row.get("truncated"),
+    )
 
 
 def write_json(path: str | os.PathLike, doc: Any) -> Path:

@@ -1,0 +1,137 @@
+"""The test conditions: base and trained policy, each with and without a skill, on the same tasks.
+
+    base_bare      the starting policy (after the warm start), bare prompt
+    base_skill     the starting policy with the initial bank S0 (every chunk on)
+    trained_bare   the trained policy, bare prompt
+    trained_skill  the trained policy with the final bank S_T (every chunk on)
+
+Every condition plays the same first `eval.num_tasks` test tasks once, with the same sampling seed,
+so outcomes pair task by task. Rows go to `<workdir>/eval/outcomes.jsonl` (one per condition and
+task: the episode record plus condition, policy and skill); the paired analysis (flips, bootstrap
+intervals, McNemar) reads them (`intraskill_jax.analysis.results`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sim.world import World, build_world
+
+from intraskill_jax import rundir
+from intraskill_jax.coevolve import load_policy, load_tokenizer, make_engine, play, prepare_policy
+from intraskill_jax.rl.rollouts import GroupContext
+from intraskill_jax.runconfig import CONDITIONS, RunConfig, resolve_repo_path
+from intraskill_jax.skills.bank import SkillBank, latest_round
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    name: str
+    policy: str  # 'base', 'trained' or an HF directory
+    skill: str  # 'none', 'initial', 'final' or a skill directory
+
+
+DEFAULT = {
+    "base_bare": Condition("base_bare", "base", "none"),
+    "base_skill": Condition("base_skill", "base", "initial"),
+    "trained_bare": Condition("trained_bare", "trained", "none"),
+    "trained_skill": Condition("trained_skill", "trained", "final"),
+}
+assert tuple(DEFAULT) == CONDITIONS
+
+
+def parse_condition(spec: str) -> Condition:
+    """'name' (a default condition) or 'name=POLICY:SKILL' (POLICY: base|trained|dir, SKILL: none|initial|final|dir)."""
+    if "=" not in spec:
+        if spec not in DEFAULT:
+            raise ValueError(f"unknown condition {spec!r}; known: {list(DEFAULT)} or name=POLICY:SKILL")
+        return DEFAULT[spec]
+    name, _, pair = spec.partition("=")
+    policy, sep, skill = pair.partition(":")
+    if not (name and sep and policy and skill):
+        raise ValueError(f"condition {spec!r} must look like name=POLICY:SKILL")
+    return Condition(name, policy, skill)
+
+
+def policy_path(config: RunConfig, workdir: Path, which: str, world: World) -> Path:
+    if which == "base":  # the policy training started from: the warm start if there was one
+        sft = workdir / "sft" / "hf"
+        return sft if (sft / "config.json").is_file() else prepare_policy(config, workdir, world)
+    if which == "trained":
+        path = workdir / "hf" / "final"
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} not found: training has not finished in {workdir} "
+                                    "(run `intraskill train` first, or name a policy directory)")
+        return path
+    path = resolve_repo_path(which)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"policy {which!r} is neither base, trained nor an HF directory")
+    return path
+
+
+def skill_bank(config: RunConfig, workdir: Path, which: str) -> SkillBank | None:
+    if which == "none":
+        return None
+    if which == "initial":
+        return (SkillBank.load_round(workdir, 0) if latest_round(workdir) is not None
+                else SkillBank.load(resolve_repo_path(config.skills.initial)))
+    if which == "final":
+        k = latest_round(workdir)
+        if k is None:
+            raise FileNotFoundError(f"no skills/round_K/ under {workdir}: training has not started there")
+        return SkillBank.load_round(workdir, k)
+    return SkillBank.load(resolve_repo_path(which))
+
+
+def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condition] | None = None, *,
+             world: World | None = None, progress: bool = True) -> list[dict[str, Any]]:
+    """Plays every condition on the same test tasks; writes and returns the outcome rows."""
+    from tqdm.auto import tqdm
+
+    workdir = Path(workdir)
+    conditions = list(conditions or [DEFAULT[c] for c in config.eval.conditions])
+    names = [c.name for c in conditions]
+    if len(set(names)) != len(names):
+        raise ValueError(f"condition names must be unique: {names}")
+    world = world or build_world(config.sim, progress=progress)
+    lang = config.sim.catalog.lang
+    tasks = [int(t) for t in world.splits.test[: config.eval.num_tasks]]
+    if len(tasks) < config.eval.num_tasks:
+        raise ValueError(f"eval.num_tasks={config.eval.num_tasks} but the test split has {len(tasks)} tasks")
+    # Resolve everything before playing anything: a missing policy fails in seconds, not an hour in.
+    paths = {c.policy: policy_path(config, workdir, c.policy, world) for c in conditions}
+    banks = {c.skill: skill_bank(config, workdir, c.skill) for c in conditions}
+    rows: list[dict[str, Any]] = []
+    engine, tokenizer = None, None
+    bar = tqdm(total=len(conditions) * len(tasks), desc="evaluation", unit="episode", disable=not progress)
+    for version, policy in enumerate(dict.fromkeys(c.policy for c in conditions)):
+        path = paths[policy]
+        tokenizer = load_tokenizer(path)
+        if config.rollout.engine == "sglang":
+            engine = engine or make_engine(config, None)
+            engine.sync_weights(str(path), version)
+        else:
+            engine = make_engine(config, load_policy(config, path))
+        for cond in (c for c in conditions if c.policy == policy):
+            bank = banks[cond.skill]
+            ctx = (GroupContext(bank.render(bank.full_mask(), lang), bank.full_mask()) if bank is not None
+                   else GroupContext())
+            trajs = play(engine, world, tokenizer, config, tasks, [ctx] * len(tasks), config.eval.sampling,
+                         prefix=f"eval-{cond.name}", seed=(config.eval.seed, 0))
+            for t in trajs:
+                rows.append({**rundir.episode_record(t), "condition": cond.name,
+                             "policy": policy if policy in ("base", "trained") else str(path),
+                             "skill": "none" if bank is None else bank.name})
+            success = sum(t.success for t in trajs) / len(trajs)
+            log.info("%s: success %.3f over %d tasks", cond.name, success, len(trajs))
+            bar.update(len(trajs))
+            bar.set_postfix({cond.name: f"{success:.3f}"})
+    bar.close()
+    rundir.write_jsonl(rundir.eval_outcomes_path(workdir), rows)
+    return rows

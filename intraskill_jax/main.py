@@ -1,0 +1,105 @@
+"""The training-side commands: `intraskill sft | train | eval | quickstart`.
+
+    intraskill train --config=configs/quickstart.py --workdir=runs/qs [--config.train.rounds=4 ...]
+    intraskill eval  --config=configs/quickstart.py --workdir=runs/qs [--conditions=base_bare,trained_skill]
+    intraskill quickstart [--workdir=runs/quickstart]      # train, evaluate and build the report
+
+Configs are ml-collections files; every field can be overridden with --config.<path>=value. A
+resumed run (same --workdir) continues from its last checkpoint; its config must not change.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from intraskill_jax import runconfig
+
+QUICKSTART = str(Path(__file__).resolve().parent.parent / "configs" / "quickstart.py")
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (configs/*.py)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, skills, eval, report)")
+_CONDITIONS = flags.DEFINE_list("conditions", None, "eval conditions: names (base_bare, base_skill, trained_bare, "
+                                "trained_skill) or name=POLICY:SKILL with POLICY base|trained|DIR and SKILL "
+                                "none|initial|final|DIR")
+_QUIET = flags.DEFINE_bool("quiet", False, "no progress bars")
+
+
+def _setup(command: str):
+    from intraskill_jax import distributed
+
+    distributed.maybe_initialize()
+    if _CONFIG.value is None:
+        if command != "quickstart":
+            raise app.UsageError("--config is required (e.g. --config=configs/quickstart.py)")
+    if command != "quickstart" and not _WORKDIR.value:
+        raise app.UsageError("--workdir is required")
+    try:
+        config = runconfig.load(_CONFIG.value) if _CONFIG.value is not None else runconfig.load_file(QUICKSTART)
+    except runconfig.ConfigError as e:
+        raise app.UsageError(str(e)) from None
+    workdir = Path(_WORKDIR.value or f"runs/{config.name}")
+    return config, workdir, not _QUIET.value
+
+
+def _train(config, workdir, progress):
+    from intraskill_jax.coevolve import Coevolution
+
+    run = Coevolution(config, workdir, progress=progress)
+    try:
+        bank = run.run()
+    finally:
+        run.close()
+    print(f"trained policy: {workdir / 'hf' / 'final'}; final skill: {bank.name} ({len(bank.active)} chunks)")
+
+
+def _eval(config, workdir, progress):
+    from intraskill_jax.analysis.results import (
+        condition_table,
+        format_comparisons,
+        format_condition_table,
+        paired_comparisons,
+    )
+    from intraskill_jax.evaluate import evaluate, parse_condition
+
+    conditions = [parse_condition(c) for c in _CONDITIONS.value] if _CONDITIONS.value else None
+    rows = evaluate(config, workdir, conditions, progress=progress)
+    print(format_condition_table(condition_table(rows)))
+    print(format_comparisons(paired_comparisons(rows)))
+
+
+def main(argv: list[str]) -> None:
+    command = argv[1]
+    config, workdir, progress = _setup(command)
+    # Our progress lines at INFO; library chatter (orbax, absl, jax) only from WARNING up.
+    logging.getLogger().setLevel(logging.WARNING)
+    for name in ("intraskill_jax", "sim"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    if command == "sft":
+        from sim.world import build_world
+
+        from intraskill_jax.coevolve import prepare_policy, warm_start
+
+        world = build_world(config.sim, progress=progress)
+        print(warm_start(config, workdir, prepare_policy(config, workdir, world), world, progress=progress))
+    elif command == "train":
+        _train(config, workdir, progress)
+    elif command == "eval":
+        _eval(config, workdir, progress)
+    elif command == "quickstart":
+        from intraskill_jax.analysis import report
+
+        _train(config, workdir, progress)
+        _eval(config, workdir, progress)
+        report.main(["--workdir", str(workdir)])
+    else:
+        raise app.UsageError(f"unknown command {command!r}")
+
+
+def run(command: str, args: list[str]) -> None:
+    sys.argv = [f"intraskill {command}", *args]
+    app.run(lambda argv: main([argv[0], command, *argv[1:]]), argv=sys.argv)
