@@ -9,7 +9,7 @@ strength β_t ∈ (0, 1):
 
 `recurrent_gated_delta_rule` is the token-by-token reference (also the one-token decode step);
 `chunk_gated_delta_rule` is the same map computed 64 tokens at a time with a unit-lower-triangular
-solve per chunk (the WY/UT form) and a scan only across chunks; it is what prefill and training
+inverse per chunk (the WY/UT form) and a scan only across chunks; it is what prefill and training
 use. Both take HF's arguments, L2-normalise q and k in float32 (`use_qk_l2norm_in_kernel`),
 scale q by Dk^-½, repeat q/k heads Hk → Hv (`repeat_interleave`: value head j reads key head
 j // (Hv/Hk)) and return (output [B, T, Hv, Dv] in v's dtype, final state [B, Hv, Dk, Dv] f32).
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # The recurrences accumulate over thousands of steps; keep full float32 matmuls on accelerators.
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -88,6 +89,24 @@ def recurrent_gated_delta_rule(
     return jnp.moveaxis(o, 0, 1).astype(out_dtype), state
 
 
+def _unit_lower_inverse(a: jax.Array) -> jax.Array:
+    """(I + A)^-1 for strictly lower-triangular A [..., L, L], by matrix products only.
+
+    A is nilpotent (A^L = 0), so (I + A)^-1 = sum_k (-A)^k = (I + N)(I + N^2)(I + N^4)...(I + N^(L/2))
+    with N = -A: log2(L) squarings instead of a triangular solve. Products run on the MXU / tensor
+    cores, and XLA:CPU's batched triangular solve is avoided: on a 2-thread pool two concurrent
+    solves each wait for the other's worker (a deadlock seen on jaxlib 0.10).
+    """
+    n = -a
+    eye = jnp.eye(a.shape[-1], dtype=a.dtype)
+    inverse = eye + n
+    power = n
+    for _ in range(max(int(np.ceil(np.log2(a.shape[-1]))) - 1, 0)):
+        power = jnp.matmul(power, power, precision=_HIGHEST)
+        inverse = inverse + jnp.matmul(inverse, power, precision=_HIGHEST)
+    return inverse
+
+
 def chunk_gated_delta_rule(
     q: jax.Array,
     k: jax.Array,
@@ -148,12 +167,9 @@ def chunk_gated_delta_rule(
     k_beta = k * beta[..., None]
     v_beta = v * beta[..., None]
     a_mat = jnp.einsum("...id,...jd->...ij", k_beta, k, precision=_HIGHEST) * decay
-    # triangular_solve reads only the strictly lower part when unit_diagonal=True: M = I + tril(A, -1).
-    solve = lambda rhs: jax.lax.linalg.triangular_solve(
-        a_mat, rhs, left_side=True, lower=True, unit_diagonal=True
-    )
-    u = solve(v_beta)  # [B, H, N, L, Dv]
-    w = solve(k_beta * jnp.exp(cum)[..., None])  # [B, H, N, L, Dk]
+    inverse = _unit_lower_inverse(jnp.where(jnp.tril(lower, -1), a_mat, 0.0))  # (I + tril(A, -1))^-1
+    u = jnp.einsum("...ij,...jd->...id", inverse, v_beta, precision=_HIGHEST)  # [B, H, N, L, Dv]
+    w = jnp.einsum("...ij,...jd->...id", inverse, k_beta * jnp.exp(cum)[..., None], precision=_HIGHEST)
     intra = jnp.einsum("...id,...jd->...ij", q, k, precision=_HIGHEST) * decay
     q_decayed = q * jnp.exp(cum)[..., None]
     k_decayed = k * jnp.exp(cum[..., -1:] - cum)[..., None]
