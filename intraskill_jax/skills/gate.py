@@ -267,10 +267,21 @@ def _passes(est: dict[str, float], config: GateConfig) -> bool:
 
 
 def draw_masks(n: int, k: int, p: float, rng: np.random.Generator, tries: int = 100) -> np.ndarray:
-    """[n, k] independent Bernoulli(p) masks with full column rank (redrawn in the rare other case)."""
+    """[n, k] independent Bernoulli(p) masks, redrawn in the rare case the fit would be degenerate.
+
+    Degenerate: not full column rank, or a task with leverage 1 (the only one that separates two
+    columns), where HC2/HC3 robust errors are undefined. Both are properties of the design alone,
+    so redrawing before any episode runs costs nothing and biases nothing.
+    """
     for _ in range(tries):
         masks = (rng.random((n, k)) < p).astype(np.int8)
-        if k == 0 or np.linalg.matrix_rank(masks.astype(np.float64)) == k:
+        if k == 0:
+            return masks
+        x = masks.astype(np.float64)
+        if np.linalg.matrix_rank(x) < k:
+            continue
+        leverage = np.einsum("ij,jk,ik->i", x, np.linalg.pinv(x.T @ x), x)
+        if leverage.max() < 1.0 - 1e-9:
             return masks
     raise ValueError(
         f"could not draw identifiable masks for {k} columns over {n} tasks; use more tasks"

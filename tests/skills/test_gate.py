@@ -213,3 +213,11 @@ def test_bernoulli_evaluate_is_paired_through_the_task_draw():
     ctx = [GroupContext("", (0,))] * 4000
     a, b = np.asarray(ev(range(4000), ctx)), np.asarray(ev(range(4000), ctx))
     np.testing.assert_array_equal(a, b)  # full coupling, no effect: identical reruns
+
+
+def test_drawn_masks_are_full_rank_with_every_leverage_below_one():
+    for seed in range(30):  # 13 columns over 16 tasks: degenerate draws are common here
+        x = draw_masks(16, 13, 0.5, np.random.default_rng(seed)).astype(float)
+        assert np.linalg.matrix_rank(x) == 13
+        hat = x @ np.linalg.inv(x.T @ x) @ x.T
+        assert np.diag(hat).max() < 1 - 1e-9
