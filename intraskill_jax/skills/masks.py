@@ -76,7 +76,8 @@ def inclusion_probabilities(bank: SkillBank, config: MaskConfig = MaskConfig()) 
 
 
 def _probability(est: Mapping[str, float], config: MaskConfig) -> float:
-    beta, se = float(est["beta"]), float(est["se"])
+    # A ledger stores undefined statistics as null.
+    beta, se = (float("nan") if est.get(k) is None else float(est[k]) for k in ("beta", "se"))
     if not np.isfinite(beta):
         return config.prior
     if not np.isfinite(se) or se <= 0:

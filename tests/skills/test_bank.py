@@ -197,3 +197,17 @@ def test_bad_ledger_and_missing_round(s0, tmp_path):
         Chunk("Bad_Id", "x", "y")
     with pytest.raises(BankFormatError, match="duplicate chunk ids"):
         SkillBank("s0", "d", (s0.active[0], s0.active[0]))
+
+
+def test_undefined_statistics_are_stored_as_null_and_read_as_no_estimate(s0, tmp_path):
+    from intraskill_jax.skills.bank import LedgerEntry
+    from intraskill_jax.skills.masks import MaskConfig, inclusion_probabilities
+
+    first = s0.active[0].id
+    entry = LedgerEntry(first, "retain", "zero-variance fit", {"beta": float("nan"), "se": 0.0, "p": float("inf")})
+    bank = s0.next_version(s0.chunks, [entry], {"fit": {"se": [float("nan")]}})
+    bank.save_round(tmp_path)
+    doc = json.loads((tmp_path / "skills" / "round_1" / "ledger.json").read_text())
+    assert doc["entries"][0]["estimate"] == {"beta": None, "se": 0.0, "p": None} and doc["fit"]["se"] == [None]
+    back = SkillBank.load_round(tmp_path, 1)
+    assert inclusion_probabilities(back, MaskConfig())[0] == MaskConfig().prior
