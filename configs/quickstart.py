@@ -10,10 +10,12 @@ offline analyst; `intraskill eval` and `intraskill report` follow (`intraskill q
 
 import ml_collections
 
+from intraskill_jax import presets
 from intraskill_jax.runconfig import RunConfig
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
+    """`preset`: coevolve (default), plain_grpo, fixed_skill or no_mask (configs/...py:preset)."""
     c = ml_collections.ConfigDict(RunConfig().to_dict())
     c.name = "quickstart"
     c.policy.init = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
@@ -52,4 +54,4 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.num_tasks = 200
     c.eval.sampling.temperature = 1.0
     c.eval.sampling.max_new_tokens = 64
-    return c
+    return presets.apply(c, preset)

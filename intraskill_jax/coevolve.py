@@ -223,6 +223,10 @@ class Coevolution:
         base = prepare_policy(config, self.workdir, self.world)
         self.policy_path = warm_start(config, self.workdir, base, self.world, progress=progress)
         self.tokenizer = load_tokenizer(self.policy_path)
+        if mesh is None and jax.device_count() > 1:
+            from intraskill_jax.models.sharding import make_mesh
+
+            mesh = make_mesh(config.mesh)
         model = load_policy(config, self.policy_path, mesh)
         self.engine = make_engine(config, model)
         self.analyst = make_analyst(config)

@@ -1,0 +1,200 @@
+"""The main job end to end on a shortened quickstart: warm start, two co-evolution rounds through the
+real loop (embedded JAX sampler, offline analyst, gate), the four-condition evaluation, the report,
+and a bundle that verifies. Then a run killed with SIGKILL mid-way resumes to the same records."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from intraskill_jax import rundir
+from intraskill_jax.metrics import read_metrics
+from intraskill_jax.skills.analysts import validate
+from intraskill_jax.skills.bank import SkillBank, latest_round
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "configs" / "quickstart.py"
+
+# The quickstart, shrunk to minutes on two cores: a smaller world, 2 rounds of 2 steps, short episodes.
+SHORT = {
+    "policy.init.hidden_size": 64, "policy.init.intermediate_size": 128, "policy.init.head_dim": 16,
+    "policy.init.linear_key_head_dim": 16, "policy.init.linear_value_head_dim": 16,
+    "policy.tokenizer_vocab_size": 1024,
+    "sim.catalog.num_products": 1200, "sim.splits.num_test": 20, "sim.splits.num_validation": 20,
+    "agent.max_turns": 5, "agent.max_context_tokens": 3072, "agent.max_observation_chars": 300,
+    "rollout.sampler.max_batch": 16, "rollout.sampler.max_length": 6144,
+    "rollout.sampler.prefill_buckets": (64, 512), "rollout.sampler.decode_buckets": (32,),
+    "rollout.sampling.max_new_tokens": 32, "eval.sampling.max_new_tokens": 32,
+    "warm_start.num_demos": 16, "warm_start.sft.batch_size": 8, "warm_start.sft.epochs": 1,
+    "train.rounds": 2, "train.gate_every": 2, "train.groups_per_step": 2, "train.group_size": 2,
+    "train.checkpoint_every": 1,
+    "skills.validation_tasks": 20, "skills.analysts.max_proposals": 2, "skills.gate.bootstrap_resamples": 200,
+    "eval.num_tasks": 6,
+}
+
+
+def short_config():
+    from intraskill_jax import runconfig
+
+    cd = runconfig.load_file(QUICKSTART).to_dict()
+    for key, value in SHORT.items():
+        node = cd
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return runconfig.load(cd)
+
+
+def cli_overrides():
+    def fmt(v):
+        return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+    return [f"--config.{k}={fmt(v)}" for k, v in SHORT.items()]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from intraskill_jax.analysis.report import build_report
+    from intraskill_jax.coevolve import Coevolution
+    from intraskill_jax.evaluate import evaluate
+
+    workdir = tmp_path_factory.mktemp("run")
+    config = short_config()
+    run = Coevolution(config, workdir, progress=False)
+    try:
+        run.run()
+    finally:
+        run.close()
+    evaluate(config, workdir, progress=False)
+    build_report(workdir, progress=False)
+    return config, workdir
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_rounds_record_masks_fit_the_gate_and_version_the_bank(finished_run):
+    config, workdir = finished_run
+    s0 = SkillBank.load(REPO / "skills" / "s0")
+    # Masks: every training episode carries the mask of its group (siblings share it).
+    steps = config.train.steps
+    for step in range(steps):
+        rows = rundir.read_jsonl(rundir.rollouts_path(workdir, step))
+        first = [r for r in rows if not r["retry"]]
+        assert len(first) == config.train.groups_per_step * config.train.group_size
+        bank = SkillBank.load_round(workdir, step // config.train.gate_every)
+        for r in first:
+            assert len(r["skill_mask"]) == len(bank.active)
+        by_group = {}
+        for r in first:
+            by_group.setdefault(r["group"], set()).add(tuple(r["skill_mask"]))
+        assert all(len(m) == 1 for m in by_group.values())
+        for r in rows:
+            if r["retry"]:
+                assert r["skill_mask"] == [1] * len(bank.active)
+    # Bank versions: round 0 is S0, then one per gate, each with its ledger.
+    assert latest_round(workdir) == config.train.rounds
+    assert [c.id for c in SkillBank.load_round(workdir, 0).active] == [c.id for c in s0.active]
+    for r in range(config.train.rounds):
+        gate = json.loads(rundir.gate_path(workdir, r).read_text())
+        bank = SkillBank.load_round(workdir, r)
+        nxt = SkillBank.load_round(workdir, r + 1)
+        k = len(gate["columns"])
+        assert gate["columns"][: len(bank.active)] == list(bank.active_ids)
+        assert len(gate["beta"]) == len(gate["se"]) == k and gate["n"] == config.skills.validation_tasks
+        # The fit equals an independent least-squares solve on the recorded random arm.
+        eps = rundir.read_jsonl(rundir.gate_episodes_path(workdir, r))
+        bare = np.array([e["reward"] for e in eps if e["arm"] == "bare"])
+        rand = [e for e in eps if e["arm"] == "random"]
+        x = np.array([e["mask"] for e in rand], float)
+        y = np.array([e["reward"] for e in rand]) - bare
+        beta = np.linalg.lstsq(x, y, rcond=None)[0]
+        np.testing.assert_allclose(gate["beta"], beta, atol=1e-8)
+        # Proposals passed the validators against the bank they were made for; rejects say why.
+        from intraskill_jax.skills.bank import Proposal
+
+        for p in gate["proposals"]:
+            prop = Proposal(**{**p, "trajectory_ids": tuple(p["trajectory_ids"])})
+            assert validate(prop, bank, config.skills.analysts) == []
+        assert all(rej["reasons"] for rej in gate["rejected"])
+        # Every decision is in the next round's ledger; retired chunks never render.
+        assert {e.chunk_id for e in nxt.ledger} >= {d["column"] for d in gate["decisions"]
+                                                    if d["action"] in ("retain", "retire") and d["kind"] == "chunk"}
+        assert gate["funnel"]["proposals"] == len(gate["proposals"])
+        assert set(nxt.active_ids) <= {c.id for c in nxt.chunks}
+    rows = read_metrics(workdir)
+    assert [r["step"] for r in rows if "rollout/success" in r] == list(range(1, steps + 1))
+    assert sorted(r["step"] for r in rows if "gate/bare_reward" in r) == [2, 4]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_evaluation_report_and_bundle(finished_run):
+    from intraskill_jax.analysis.bundle import check_bundle
+
+    config, workdir = finished_run
+    rows = rundir.read_jsonl(rundir.eval_outcomes_path(workdir))
+    conds = {}
+    for r in rows:
+        conds.setdefault(r["condition"], []).append(r["task_id"])
+    assert sorted(conds) == sorted(config.eval.conditions)
+    assert all(tasks == conds["base_bare"] for tasks in conds.values())  # paired on the same tasks
+    skills = {r["condition"]: r["skill"] for r in rows}
+    assert skills["base_bare"] == skills["trained_bare"] == "none"
+    assert skills["base_skill"] == "s0" and skills["trained_skill"] == f"s{config.train.rounds}"
+    check = check_bundle(workdir / "bundle")
+    assert check.ok, check
+    assert (workdir / "report" / "index.html").is_file()
+
+
+def _train_cmd(workdir):
+    return [sys.executable, "-m", "intraskill_jax.cli", "train", f"--config={QUICKSTART}", f"--workdir={workdir}",
+            "--quiet", *cli_overrides()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_sigkilled_runs_resume_to_the_same_decisions_and_metrics(finished_run, tmp_path):
+    """Kill the trainer at seeded random moments (rollout, update, gate, checkpoint writes alike),
+    resume each time, and compare the finished run with the uninterrupted one."""
+    _, reference = finished_run
+    workdir = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    rng = np.random.default_rng(0)
+    kills = 0
+    while kills < 3:
+        proc = subprocess.Popen(_train_cmd(workdir), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        # Wait for training to start (rollouts directory) before the kill clock runs.
+        deadline = time.time() + 600
+        while not (workdir / "rollouts").exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.5)
+        try:
+            proc.wait(timeout=float(rng.uniform(5, 40)))
+            break  # finished before the kill
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+    done = subprocess.run(_train_cmd(workdir), cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert kills >= 1
+    for r in range(latest_round(reference) or 0):
+        a = json.loads(rundir.gate_path(reference, r).read_text())
+        b = json.loads(rundir.gate_path(workdir, r).read_text())
+        assert [d["action"] for d in a["decisions"]] == [d["action"] for d in b["decisions"]]
+        np.testing.assert_allclose(a["beta"], b["beta"], atol=1e-9)
+    assert [c.id for c in SkillBank.load_round(workdir, 2).active] == [c.id for c in SkillBank.load_round(reference, 2).active]
+    ra, rb = read_metrics(reference), read_metrics(workdir)
+    assert [r["step"] for r in ra] == [r["step"] for r in rb]
+    for x, y in zip(ra, rb):
+        assert x.keys() == y.keys()
+        for key in x:
+            if key.startswith(("train/", "rollout/", "gate/", "skills/")):
+                assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), key
