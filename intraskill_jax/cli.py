@@ -5,6 +5,8 @@ Commands map to library calls; each keeps its own flags (`intraskill <command> -
   sft           supervised warm start on oracle demonstrations (--config, --workdir)
   train         co-evolution: GRPO rounds with the skill bank, masks and the gate (--config, --workdir)
   eval          the four test conditions on the same tasks (--config, --workdir, --conditions)
+  rank          the ranking appendix: top-k, bottom-k and random-k chunk subsets (--k)
+  multiseed     train and evaluate one run per seed and pool them (--seeds)
   report        plots, bundle and the static site from a run directory (--workdir)
   check-bundle  verify a bundle's hashes and recompute its figures (DIR)
   serve         SGLang-compatible rollout server over the embedded JAX sampler
@@ -17,7 +19,7 @@ from __future__ import annotations
 import sys
 
 _SIM_COMMANDS = {"sim-demo": "demo", "sim-serve": "serve"}
-_TRAINING = ("quickstart", "sft", "train", "eval")
+_TRAINING = ("quickstart", "sft", "train", "eval", "rank", "multiseed")
 _COMMANDS = (*_TRAINING, "report", "check-bundle", "serve", *_SIM_COMMANDS)
 
 

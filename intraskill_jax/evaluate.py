@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sim.world import World, build_world
 
 from intraskill_jax import rundir
@@ -35,6 +37,7 @@ class Condition:
     name: str
     policy: str  # 'base', 'trained' or an HF directory
     skill: str  # 'none', 'initial', 'final' or a skill directory
+    mask: tuple[int, ...] | None = None  # a subset of the bank's active chunks (None: all of them)
 
 
 DEFAULT = {
@@ -90,8 +93,9 @@ def skill_bank(config: RunConfig, workdir: Path, which: str) -> SkillBank | None
 
 
 def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condition] | None = None, *,
-             world: World | None = None, progress: bool = True) -> list[dict[str, Any]]:
-    """Plays every condition on the same test tasks; writes and returns the outcome rows."""
+             world: World | None = None, progress: bool = True, out: Path | None = None) -> list[dict[str, Any]]:
+    """Plays every condition on the same test tasks; writes (to `out`, default eval/outcomes.jsonl)
+    and returns the outcome rows."""
     from tqdm.auto import tqdm
 
     workdir = Path(workdir)
@@ -120,18 +124,39 @@ def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condit
             engine = make_engine(config, load_policy(config, path))
         for cond in (c for c in conditions if c.policy == policy):
             bank = banks[cond.skill]
-            ctx = (GroupContext(bank.render(bank.full_mask(), lang), bank.full_mask()) if bank is not None
-                   else GroupContext())
+            mask = None if bank is None else (cond.mask if cond.mask is not None else bank.full_mask())
+            ctx = GroupContext(bank.render(mask, lang), mask) if bank is not None else GroupContext()
             trajs = play(engine, world, tokenizer, config, tasks, [ctx] * len(tasks), config.eval.sampling,
                          prefix=f"eval-{cond.name}", seed=(config.eval.seed, 0))
             for t in trajs:
                 rows.append({**rundir.episode_record(t), "condition": cond.name,
                              "policy": policy if policy in ("base", "trained") else str(path),
-                             "skill": "none" if bank is None else bank.name})
+                             "skill": "none" if bank is None else bank.name,
+                             "chunks": [] if bank is None else [c for c, on in zip(bank.active_ids, mask) if on]})
             success = sum(t.success for t in trajs) / len(trajs)
             log.info("%s: success %.3f over %d tasks", cond.name, success, len(trajs))
             bar.update(len(trajs))
             bar.set_postfix({cond.name: f"{success:.3f}"})
     bar.close()
-    rundir.write_jsonl(rundir.eval_outcomes_path(workdir), rows)
+    rundir.write_jsonl(out or rundir.eval_outcomes_path(workdir), rows)
     return rows
+
+
+def ranking_conditions(bank: SkillBank, k: int, seed: int = 0) -> list[Condition]:
+    """The ranking appendix: the trained policy with the top-k, bottom-k and a random k of the final
+    bank's chunks, ranked by their latest contribution estimate (chunks never estimated rank last)."""
+    ids = bank.active_ids
+    if not 0 < k <= len(ids):
+        raise ValueError(f"k must be in [1, {len(ids)}] (the final bank's active chunks), got {k}")
+    est = bank.estimates()
+    beta = [est.get(c, {}).get("beta") for c in ids]
+    order = sorted(range(len(ids)), key=lambda j: (beta[j] is None, -(beta[j] or 0.0), ids[j]))
+    random = np.random.default_rng(seed).choice(len(ids), k, replace=False)
+
+    def subset(idx: Sequence[int]) -> tuple[int, ...]:
+        return tuple(int(j in set(int(i) for i in idx)) for j in range(len(ids)))
+
+    return [Condition(f"top{k}", "trained", "final", subset(order[:k])),
+            Condition(f"bottom{k}", "trained", "final", subset(order[-k:])),
+            Condition(f"random{k}", "trained", "final", subset(random)),
+            DEFAULT["trained_bare"], DEFAULT["trained_skill"]]

@@ -3,6 +3,8 @@
     intraskill train --config=configs/quickstart.py --workdir=runs/qs [--config.train.rounds=4 ...]
     intraskill eval  --config=configs/quickstart.py --workdir=runs/qs [--conditions=base_bare,trained_skill]
     intraskill quickstart [--workdir=runs/quickstart]      # train, evaluate and build the report
+    intraskill rank --config=... --workdir=runs/qs --k=3    # top-k / bottom-k / random-k chunk subsets
+    intraskill multiseed --config=... --workdir=runs/ms --seeds=0,1,2   # train + eval per seed, pooled
 
 Configs are ml-collections files; every field can be overridden with --config.<path>=value. A
 resumed run (same --workdir) continues from its last checkpoint; its config must not change.
@@ -27,6 +29,8 @@ _CONDITIONS = flags.DEFINE_list("conditions", None, "eval conditions: names (bas
                                 "trained_skill) or name=POLICY:SKILL with POLICY base|trained|DIR and SKILL "
                                 "none|initial|final|DIR")
 _QUIET = flags.DEFINE_bool("quiet", False, "no progress bars")
+_K = flags.DEFINE_integer("k", 3, "rank: chunks per subset (top-k, bottom-k, random-k)")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "multiseed: training seeds (one run each, under --workdir)")
 
 
 def _setup(command: str):
@@ -72,6 +76,44 @@ def _eval(config, workdir, progress):
     print(format_comparisons(paired_comparisons(rows)))
 
 
+def _rank(config, workdir, progress):
+    from intraskill_jax import rundir
+    from intraskill_jax.analysis.results import condition_table, format_condition_table
+    from intraskill_jax.evaluate import evaluate, ranking_conditions, skill_bank
+
+    bank = skill_bank(config, workdir, "final")
+    rows = evaluate(config, workdir, ranking_conditions(bank, _K.value, config.eval.seed), progress=progress,
+                    out=rundir.eval_outcomes_path(workdir).with_name("ranking.jsonl"))
+    print(format_condition_table(condition_table(rows)))
+
+
+def _multiseed(config, workdir, progress):
+    """Trains and evaluates one run per seed (`<workdir>/seed_<s>/`) and pools the conditions."""
+    import dataclasses
+    import json
+
+    import numpy as np
+
+    from intraskill_jax.analysis.results import condition_table
+
+    per_seed = {}
+    for seed in (int(s) for s in _SEEDS.value):
+        cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed))
+        out = workdir / f"seed_{seed}"
+        _train(cfg, out, progress)
+        from intraskill_jax.evaluate import evaluate
+
+        per_seed[seed] = {r["condition"]: r for r in condition_table(evaluate(cfg, out, progress=progress))}
+    pooled = {}
+    for cond in sorted({c for table in per_seed.values() for c in table}):
+        values = np.array([table[cond]["success"] for table in per_seed.values() if cond in table])
+        pooled[cond] = {"seeds": len(values), "success_mean": float(values.mean()),
+                        "success_sd": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+                        "per_seed": values.tolist()}
+        print(f"{cond:16s} success {values.mean():.3f} +- {pooled[cond]['success_sd']:.3f} over {len(values)} seeds")
+    (workdir / "multiseed.json").write_text(json.dumps({"seeds": list(per_seed), "conditions": pooled}, indent=1))
+
+
 def main(argv: list[str]) -> None:
     command = argv[1]
     config, workdir, progress = _setup(command)
@@ -90,6 +132,10 @@ def main(argv: list[str]) -> None:
         _train(config, workdir, progress)
     elif command == "eval":
         _eval(config, workdir, progress)
+    elif command == "rank":
+        _rank(config, workdir, progress)
+    elif command == "multiseed":
+        _multiseed(config, workdir, progress)
     elif command == "quickstart":
         from intraskill_jax.analysis import report
 
