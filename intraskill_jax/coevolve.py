@@ -223,7 +223,9 @@ class Coevolution:
         base = prepare_policy(config, self.workdir, self.world)
         self.policy_path = warm_start(config, self.workdir, base, self.world, progress=progress)
         self.tokenizer = load_tokenizer(self.policy_path)
-        if mesh is None and jax.device_count() > 1:
+        # Accelerators shard over the configured mesh; CPU "devices" are test fakes (or host
+        # threads) that sharding would only slow down.
+        if mesh is None and jax.device_count() > 1 and (jax.default_backend() != "cpu" or jax.process_count() > 1):
             from intraskill_jax.models.sharding import make_mesh
 
             mesh = make_mesh(config.mesh)
