@@ -365,9 +365,9 @@ class Coevolution:
             "kinds": ["chunk" if col in bank.active_ids else "proposal" for col in result.columns],
             "n": int(c.n), "beta": c.beta.tolist(), "se": c.se.tolist(), "ci_low": c.ci_low.tolist(),
             "ci_high": c.ci_high.tolist(), "p": c.p.tolist(),
-            "decisions": [_json_safe(dataclasses.asdict(d)) for d in result.decisions],
-            "summary": _json_safe({k.removeprefix("gate/"): v for k, v in result.metrics.items()}),
-            "additivity": _json_safe(dataclasses.asdict(result.additivity)) if result.additivity else None,
+            "decisions": [rundir.json_finite(dataclasses.asdict(d)) for d in result.decisions],
+            "summary": rundir.json_finite({k.removeprefix("gate/"): v for k, v in result.metrics.items()}),
+            "additivity": rundir.json_finite(dataclasses.asdict(result.additivity)) if result.additivity else None,
             "funnel": funnel,
             "proposals": [p.to_json() for p in batch.proposals],
             "rejected": [{"proposal": p.to_json(), "reasons": reasons} for p, reasons in batch.rejected],
@@ -422,21 +422,6 @@ def _bank_markdown(bank: SkillBank, lang: str) -> str:
     lines = [f"### {bank.name} (round {bank.round})"]
     lines += [f"- **{c.id}** ({c.title}): {c.text(lang)}" for c in bank.active]
     return "\n".join(lines)
-
-
-def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
-    def fix(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            return {k: fix(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [fix(x) for x in v]
-        if isinstance(v, np.generic):
-            return fix(v.item())
-        return v
-
-    return fix(d)
 
 
 def _check_config_unchanged(config: RunConfig, workdir: Path) -> None:

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from intraskill_jax.agent.trajectory import Trajectory, Turn
 
@@ -94,6 +97,20 @@ def trajectory_from_trace(row: Mapping[str, Any]) -> Trajectory:
         reward_detail=dict(row["reward_detail"]), env_stats=dict(row.get("env_stats", {})),
         done=True, truncated=row.get("truncated"),
     )
+
+
+def json_finite(x: Any) -> Any:
+    """JSON has no NaN or infinity: an undefined statistic (the p-value of a zero-variance fit, say)
+    is stored as null. Recurses through mappings and sequences; numpy scalars become Python ones."""
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, Mapping):
+        return {k: json_finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_finite(v) for v in x]
+    return x
 
 
 def write_json(path: str | os.PathLike, doc: Any) -> Path:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from intraskill_jax.rundir import json_finite
 
 from intraskill_jax.tokenization import CONTROL_MARKUP
 
@@ -397,7 +398,7 @@ def write_ledger(
 ) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = _json_finite({
+    doc = json_finite({
         "round": round_,
         "skill": skill,
         "entries": [e.to_json() for e in entries],
@@ -408,18 +409,6 @@ def write_ledger(
         json.dumps(doc, ensure_ascii=False, indent=1, allow_nan=False) + "\n", encoding="utf-8"
     )
     tmp.replace(path)  # a reader never sees half a ledger
-
-
-def _json_finite(x: Any) -> Any:
-    """JSON has no NaN or infinity: an undefined statistic (a p-value of a zero-variance fit, say)
-    is stored as null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, Mapping):
-        return {k: _json_finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_finite(v) for v in x]
-    return x
 
 
 def read_ledger(path: str | Path) -> tuple[tuple[LedgerEntry, ...], dict[str, Any], int]:
