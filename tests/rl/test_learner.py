@@ -1,23 +1,43 @@
-"""The GRPO loop end to end on a tiny model: update, weight push, metrics, checkpoint, resume."""
+"""The GRPO loop end to end on a tiny model: update, weight push, metrics, checkpoint, resume.
+
+Kept cheap: every update batch has one shape (a tokenizer that has learned the prompt keeps it
+near 510 tokens, talking siblings run all 20 turns, about 1140 tokens, and the oracle finishes in
+4-7 short turns, so each step's group collates to [2, 2048]), the model has one layer of each
+kind, and the resumed Learner reuses the programs the first one compiled.
+"""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 from flax import nnx
 
 from sim.config import CatalogConfig, SimConfig, SplitConfig
+from sim.env import ShopEnv
 from sim.policies import OraclePolicy
 from sim.world import build_world
 
 from intraskill_jax.agent.episode import AgentConfig
+from intraskill_jax.agent.prompts import system_prompt
 from intraskill_jax.models import ModelConfig, causal_lm_class
 from intraskill_jax.rl.grpo import LossConfig
+from intraskill_jax.rl import learner as learner_lib
 from intraskill_jax.rl.learner import Learner, LearnerConfig, TaskCursor
 from intraskill_jax.rl.rollouts import GroupContext
 from intraskill_jax.rl.train_step import OptimConfig
 from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
-from intraskill_jax.tokenization import IM_END, format_tool_calls, from_env_action, train_tokenizer
+from intraskill_jax.tokenization import (
+    IM_END,
+    ToolCall,
+    continuation_text,
+    format_tool_calls,
+    from_env_action,
+    tools_for,
+    train_tokenizer,
+)
+
+SKILL = "Compare prices."
 
 
 class MixedEngine(ScriptedEngine):
@@ -41,24 +61,61 @@ class MixedEngine(ScriptedEngine):
 @pytest.fixture(scope="module")
 def world_tok():
     world = build_world(SimConfig(catalog=CatalogConfig(num_products=1200), splits=SplitConfig(num_test=20, num_validation=20)))
-    tok = train_tokenizer([world.catalog[i].title for i in range(0, 1200, 2)], vocab_size=1500)
+    env = ShopEnv(world)
+    # Besides titles, the tokenizer learns the prompt, tool calls and tool responses: short rows.
+    chat = [system_prompt(env.lang, env.config.mode, SKILL), json.dumps(tools_for(env.config.mode)),
+            continuation_text(tool_responses=["Error: no tool call"])]
+    tasks = world.catalog.tasks
+    calls = [format_tool_calls([ToolCall("search", {"keywords": tasks[i].instruction})], "qwen3_5")
+             for i in range(0, len(tasks), max(1, len(tasks) // 100))]
+    tok = train_tokenizer([world.catalog[i].title for i in range(0, 1200, 2)] + chat * 20 + calls, vocab_size=1500)
     return world, tok
 
 
+@pytest.fixture
+def shared_programs(monkeypatch):
+    """Learners of one configuration share one update and one log-prob program.
+
+    jit keeps compiled code on those objects, and they depend only on the graph and the configs,
+    so a resumed Learner reuses what the uninterrupted one compiled (as one process would).
+    """
+    made = {}
+    real_update, real_logprobs = learner_lib.grpo_step, learner_lib.LogprobFn
+
+    def once(key, build):
+        if key not in made:
+            made[key] = build()
+        return made[key]
+
+    def update(graphdef, tx, optim, loss, **kw):  # tx is rebuilt from `optim` by each Learner
+        return once(("update", graphdef, optim, loss, *sorted(kw.items())),
+                    lambda: real_update(graphdef, tx, optim, loss, **kw))
+
+    def logprobs(graphdef, **kw):
+        return once(("logprobs", graphdef, *sorted(kw.items())), lambda: real_logprobs(graphdef, **kw))
+
+    monkeypatch.setattr(learner_lib, "grpo_step", update)
+    monkeypatch.setattr(learner_lib, "LogprobFn", logprobs)
+    return made
+
+
 def make(world, tok, workdir, engine, steps=3):
-    cfg = ModelConfig.tiny_qwen3_5(vocab_size=len(tok))
+    # One DeltaNet and one attention layer: both mixers, half the compile and run time of four.
+    cfg = ModelConfig.tiny_qwen3_5(vocab_size=len(tok), num_hidden_layers=2,
+                                   layer_types=("linear_attention", "full_attention"))
     model = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
     seen = []
 
     def contexts(step, tasks):
         seen.append((step, list(tasks)))
-        return [GroupContext("Compare prices.", (1,)) for _ in tasks]
+        return [GroupContext(SKILL, (1,)) for _ in tasks]
 
     learner = Learner(
         model, tok, world, engine, workdir,
-        config=LearnerConfig(steps=steps, groups_per_step=2, group_size=2, checkpoint_every=2,
+        config=LearnerConfig(steps=steps, groups_per_step=1, group_size=2, checkpoint_every=2,
                              sampling=SamplingParams(temperature=1.0, max_new_tokens=96)),
-        optim=OptimConfig(learning_rate=1e-3), loss=LossConfig(), agent=AgentConfig(max_turns=10, max_context_tokens=4096, max_observation_chars=400),
+        optim=OptimConfig(learning_rate=1e-3), loss=LossConfig(),
+        agent=AgentConfig(max_turns=20, max_context_tokens=2048, max_observation_chars=100, show_affordances=False),
         contexts_fn=contexts)
     return learner, seen
 
@@ -88,13 +145,20 @@ class _Lazy(OraclePolicy):
         return super().act(env, observation)
 
 
-def test_steps_update_push_log_checkpoint_and_resume_identically(world_tok, tmp_path, monkeypatch):
+def read_rows(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_steps_update_push_log_checkpoint_and_resume_identically(world_tok, tmp_path, monkeypatch, shared_programs):
     world, tok = world_tok
     engine = MixedEngine(world, tok)
     patch_envs(engine, monkeypatch)
     full, seen = make(world, tok, tmp_path / "full", engine)
-    full.run(progress=False)
-    rows = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    full.run(steps=2, progress=False)
+    assert full.step == 2 and full.checkpoints.all_steps() == [2]
+    full.run(progress=False)  # the rest, without interruption (state stays in memory)
+    full.close()
+    rows = read_rows(tmp_path / "full")
     assert [r["step"] for r in rows] == [1, 2, 3]
     # A step updates exactly when some group had reward variance.
     assert all(r["train/updated"] == float(r["rollout/zero_variance_drop_rate"] < 1.0) for r in rows)
@@ -102,24 +166,25 @@ def test_steps_update_push_log_checkpoint_and_resume_identically(world_tok, tmp_
     assert updated and all(np.isfinite(r["train/pg_loss"]) and r["train/grad_norm"] > 0 for r in updated)
     assert engine.pushed == [1, 2, 3] and full.checkpoints.all_steps() == [2, 3]
     assert [s for s, _ in seen] == [0, 1, 2]
-    full.close()
 
-    # Interrupted after step 2 (its checkpoint), resumed in a new process-equivalent learner.
-    part_engine = MixedEngine(world, tok)
-    patch_envs(part_engine, monkeypatch)
-    part, _ = make(world, tok, tmp_path / "part", part_engine)
-    part.run(steps=2, progress=False)
-    part.close()
-    resumed, seen2 = make(world, tok, tmp_path / "part", part_engine)
-    assert resumed.step == 2 and resumed.cursor.position == 4
+    # Killed after step 3 logged but before its checkpoint landed: the same directory without it.
+    shutil.copytree(tmp_path / "full", tmp_path / "killed")
+    shutil.rmtree(tmp_path / "killed" / "checkpoints" / "3")
+    resumed_engine = MixedEngine(world, tok)
+    patch_envs(resumed_engine, monkeypatch)
+    resumed, seen2 = make(world, tok, tmp_path / "killed", resumed_engine)
+    assert resumed.step == 2 and resumed.cursor.position == 2 and resumed_engine.pushed == [2]
     resumed.run(progress=False)
     resumed.close()
-    rows_part = [json.loads(line) for line in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    assert len(shared_programs) == 2  # the resumed Learner built no programs of its own
+    rows_resumed = read_rows(tmp_path / "killed")
+    assert [r["step"] for r in rows_resumed] == [1, 2, 3]  # the orphaned step-3 row was dropped, then redone
     assert seen2 == [(2, seen[2][1])]  # the same tasks as the uninterrupted run's third step
-    assert rows_part[-1].keys() == rows[-1].keys()
+    assert resumed_engine.pushed == [2, 3] and resumed.checkpoints.all_steps() == [2, 3]
+    assert rows_resumed[-1].keys() == rows[-1].keys()
     for key in rows[-1]:
         if key.startswith(("train/", "rollout/")):
-            assert rows_part[-1][key] == pytest.approx(rows[-1][key], rel=1e-5, abs=1e-7), key
+            assert rows_resumed[-1][key] == pytest.approx(rows[-1][key], rel=1e-5, abs=1e-7), key
 
 
 def test_task_cursor_epochs_are_seeded_permutations():
