@@ -7,8 +7,10 @@ are fully masked, which leaves their DeltaNet, conv and KV state untouched. Each
 are left-padded to a bucketed length and decode runs in one jitted `while_loop` of a bucketed
 number of steps, so jit compiles a handful of programs, not one per turn.
 
-Rows share one slot counter, so slots are consumed by padding and by idle rows too; when the cache
-would overflow, it is rebuilt by re-prefilling every live session (`compactions` counts it).
+Rows share one slot counter, so slots are consumed by padding and by idle rows too. Attention reads
+every slot of the cache, so the cache starts short and doubles as the sessions grow (each length
+compiles its own programs); once no session is live it starts over, short and at slot 0. When it
+would outgrow `max_length`, it is rebuilt by re-prefilling every live session (`compactions`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from intraskill_jax.models.cache import DecodeCache, DeltaNetCache, init_cache
+from intraskill_jax.models.cache import AttentionCache, DecodeCache, DeltaNetCache, init_cache
 from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams
 from intraskill_jax.rollout.sampling import sample_tokens
 
@@ -35,6 +37,7 @@ class SamplerConfig:
     """Attributes:
       max_batch: cache rows = sessions served at once.
       max_length: cache slots shared by all rows (prompt, turns, padding).
+      min_cache_length: the cache's first size; it doubles up to max_length as sessions grow.
       prefill_buckets: new-token counts per call are padded up to one of these; longer inputs are
         pre-filled in chunks of the largest.
       decode_buckets: decode loops are compiled for these step counts (>= max_new_tokens).
@@ -42,13 +45,15 @@ class SamplerConfig:
 
     max_batch: int = 16
     max_length: int = 16384
+    min_cache_length: int = 1024
     prefill_buckets: tuple[int, ...] = (32, 128, 512, 2048)
     decode_buckets: tuple[int, ...] = (64, 256, 1024)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_length < 2:
-            raise ValueError(f"need max_batch >= 1 and max_length >= 2, got {self.max_batch}, {self.max_length}")
+        if self.max_batch < 1 or self.max_length < 2 or self.min_cache_length < 1:
+            raise ValueError("need max_batch >= 1, max_length >= 2 and min_cache_length >= 1, got "
+                             f"{self.max_batch}, {self.max_length}, {self.min_cache_length}")
         for name in ("prefill_buckets", "decode_buckets"):
             b = getattr(self, name)
             if not b or list(b) != sorted(b) or b[0] < 1:
@@ -80,7 +85,12 @@ class JaxSampler:
         self._rows: dict[str, _Row] = {}
         self._free = list(range(self.config.max_batch))
         self._key = jax.random.key(self.config.seed)
-        self._cache = init_cache(self.model_config, self.config.max_batch, self.config.max_length)
+        self._cache = self._empty_cache(1)
+
+    @property
+    def cache_length(self) -> int:
+        """Slots the cache holds now (it grows from min_cache_length up to max_length)."""
+        return self._cache.max_length
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -93,7 +103,7 @@ class JaxSampler:
     def flush(self) -> None:
         for session in list(self._rows):
             self.release(session)
-        self._cache = init_cache(self.model_config, self.config.max_batch, self.config.max_length)
+        self._cache = self._empty_cache(1)
 
     # -- RolloutEngine -------------------------------------------------------------------------
 
@@ -129,8 +139,17 @@ class JaxSampler:
         steps = _bucket(params.max_new_tokens, self.config.decode_buckets)
         if params.max_new_tokens > steps:
             raise ValueError(f"max_new_tokens {params.max_new_tokens} exceeds the largest decode bucket {steps}")
-        if self._slots_needed(new_tokens) + steps > self.config.max_length - int(self._cache.length):
-            fresh = self._compact(new_tokens, fresh)
+        need = self._slots_needed(new_tokens) + steps
+        length = int(self._cache.length)
+        if not {row.index for row in self._rows.values()} - set(fresh):
+            # Nothing in the cache is worth keeping: start over at slot 0 with the shortest cache.
+            self._check_fits(need)
+            self._cache, fresh = self._empty_cache(need), []
+        elif length + need > self.config.max_length:
+            self._compact(new_tokens, fresh)
+            fresh = []
+        elif length + need > self._cache.max_length:
+            self._cache = _grown(self._cache, self._cache_length(length + need))
         if fresh:
             self._reset_rows(fresh)
         logits = self._prefill_rows(new_tokens)
@@ -164,11 +183,27 @@ class JaxSampler:
         longest = max(len(t) for t in new_tokens.values())
         return sum(self._chunks(longest))
 
-    def _compact(self, new_tokens: dict[int, list[int]], fresh: list[int]) -> list[int]:
-        """Rebuilds the cache holding only live sessions; returns the rows to treat as fresh."""
+    def _cache_length(self, need: int) -> int:
+        """The cache size for `need` slots: min_cache_length doubled as often as needed."""
+        length = self.config.min_cache_length
+        while length < need:
+            length *= 2
+        return min(length, self.config.max_length)
+
+    def _empty_cache(self, need: int) -> DecodeCache:
+        return init_cache(self.model_config, self.config.max_batch, self._cache_length(need))
+
+    def _check_fits(self, need: int) -> None:
+        if need > self.config.max_length:
+            raise RuntimeError(
+                f"a session needs {need} cache slots but sampler.max_length is {self.config.max_length}; "
+                "raise max_length or lower agent.max_context_tokens")
+
+    def _compact(self, new_tokens: dict[int, list[int]], fresh: list[int]) -> None:
+        """Starts a new cache holding only live sessions: `new_tokens` becomes every live row's
+        whole history (what it held, then its new tokens)."""
         self.compactions += 1
         log.info("sampler cache full (%d slots): rebuilding for %d live sessions", self.config.max_length, len(self._rows))
-        self._cache = init_cache(self.model_config, self.config.max_batch, self.config.max_length)
         history = {}
         for row in self._rows.values():
             held = row.cached if row.index not in new_tokens else row.cached[: len(row.cached) - len(new_tokens[row.index])]
@@ -182,11 +217,8 @@ class JaxSampler:
             if not new_tokens[index]:
                 del new_tokens[index]
         need = self._slots_needed(new_tokens) + self.config.decode_buckets[-1]
-        if need > self.config.max_length:
-            raise RuntimeError(
-                f"a session needs {need} cache slots but sampler.max_length is {self.config.max_length}; "
-                "raise max_length or lower agent.max_context_tokens")
-        return list(history)
+        self._check_fits(need)
+        self._cache = self._empty_cache(need)
 
     def _reset_rows(self, rows: list[int]) -> None:
         mask = np.zeros(self.config.max_batch, bool)
@@ -253,6 +285,19 @@ def _decode(graphdef, state, cache: DecodeCache, logits, key, active, temperatur
             jnp.zeros((b, steps), jnp.float32), jnp.zeros((b,), jnp.int32))
     _, cache, _, _, _, tokens, lps, counts = jax.lax.while_loop(cond, body, init)
     return tokens, lps, counts, cache
+
+
+def _grown(cache: DecodeCache, length: int) -> DecodeCache:
+    """`cache` with `length` slots: the new slots are empty (invalid keys, zero K/V)."""
+    extra = length - cache.max_length
+
+    def pad(x: jax.Array) -> jax.Array:
+        return jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2))
+
+    layers = tuple(AttentionCache(key=pad(layer.key), value=pad(layer.value)) if isinstance(layer, AttentionCache)
+                   else layer for layer in cache.layers)
+    return DecodeCache(layers=layers, key_valid=pad(cache.key_valid), length=cache.length,
+                       next_position=cache.next_position)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))

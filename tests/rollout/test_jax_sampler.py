@@ -120,6 +120,23 @@ def test_cache_overflow_compacts_and_stays_correct(model):
     assert sampler.compactions >= 1
 
 
+def test_cache_grows_with_the_sessions_and_restarts_short(model):
+    sampler = JaxSampler(model, small(min_cache_length=80))
+    params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
+    history = {s: p for s, p in zip("AB", prompts(5, 2, 10, 20))}
+    lengths = []
+    for turn in range(3):
+        for s, c in zip("AB", sampler.generate([GenerateRequest(s, history[s]) for s in "AB"], params)):
+            assert c.token_ids == greedy_reference(model, history[s], 8), (turn, s)
+            history[s] = history[s] + c.token_ids + list(range(50, 62))
+        lengths.append(sampler.cache_length)
+    assert lengths[0] == 80 and lengths[-1] == 160 and sampler.compactions == 0  # grown, rows kept
+    for s in "AB":
+        sampler.release(s)
+    c = sampler.generate([GenerateRequest("C", history["A"][:9])], params)[0]
+    assert sampler.cache_length == 80 and c.token_ids == greedy_reference(model, history["A"][:9], 8)
+
+
 def test_sessions_beyond_max_batch_and_release(model):
     sampler = JaxSampler(model, small())
     params = SamplingParams(temperature=0.0, max_new_tokens=2)
