@@ -100,9 +100,19 @@ class JaxSampler:
         self.weight_version = weight_version
         self.flush()
 
+    def reseed(self, *seed: int) -> None:
+        """Restarts the sampler (no live sessions, rows handed out from 0, a fresh cache) with its
+        stream at a key derived from `seed` (e.g. (run seed, step)): a batch of episodes then depends
+        only on its seed and the weights, never on what ran before it, so a resumed run replays."""
+        self.flush()
+        key = jax.random.key(self.config.seed)
+        for s in seed:
+            key = jax.random.fold_in(key, s)
+        self._key = key
+
     def flush(self) -> None:
-        for session in list(self._rows):
-            self.release(session)
+        self._rows.clear()
+        self._free = list(range(self.config.max_batch))  # rows handed out in order again: replayable
         self._cache = self._empty_cache(1)
 
     # -- RolloutEngine -------------------------------------------------------------------------
