@@ -7,6 +7,10 @@ are fully masked, which leaves their DeltaNet, conv and KV state untouched. Each
 are left-padded to a bucketed length and decode runs in one jitted `while_loop` of a bucketed
 number of steps, so jit compiles a handful of programs, not one per turn.
 
+New sessions whose prompts share a prefix (the system prompt and tools of every episode; the whole
+prompt of GRPO siblings) pre-fill it once, in one row at batch 1, and copy that row's state to the
+others; each then pre-fills only its own remainder (`shared_prefix_tokens` counts the tokens saved).
+
 Rows share one slot counter, so slots are consumed by padding and by idle rows too. Attention reads
 every slot of the cache, so the cache starts short and doubles as the sessions grow (each length
 compiles its own programs); once no session is live it starts over, short and at slot 0. When it
@@ -18,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 from collections.abc import Sequence
 
 import jax
@@ -37,7 +42,10 @@ class SamplerConfig:
     """Attributes:
       max_batch: cache rows = sessions served at once.
       max_length: cache slots shared by all rows (prompt, turns, padding).
-      min_cache_length: the cache's first size; it doubles up to max_length as sessions grow.
+      min_cache_length: the cache's first size; it grows up to max_length as sessions grow.
+      cache_growth: factor between successive cache sizes (rounded up to multiples of 128). Each
+        size compiles its own programs; a smaller factor keeps the cache, whose every slot
+        attention reads at each step, closer to the sessions' length.
       prefill_buckets: new-token counts per call are padded up to one of these; longer inputs are
         pre-filled in chunks of the largest.
       decode_buckets: decode loops are compiled for these step counts (>= max_new_tokens).
@@ -46,14 +54,15 @@ class SamplerConfig:
     max_batch: int = 16
     max_length: int = 16384
     min_cache_length: int = 1024
+    cache_growth: float = 2.0
     prefill_buckets: tuple[int, ...] = (32, 128, 512, 2048)
     decode_buckets: tuple[int, ...] = (64, 256, 1024)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_length < 2 or self.min_cache_length < 1:
-            raise ValueError("need max_batch >= 1, max_length >= 2 and min_cache_length >= 1, got "
-                             f"{self.max_batch}, {self.max_length}, {self.min_cache_length}")
+        if self.max_batch < 1 or self.max_length < 2 or self.min_cache_length < 1 or not self.cache_growth > 1:
+            raise ValueError("need max_batch >= 1, max_length >= 2, min_cache_length >= 1 and cache_growth > 1, got "
+                             f"{self.max_batch}, {self.max_length}, {self.min_cache_length}, {self.cache_growth}")
         for name in ("prefill_buckets", "decode_buckets"):
             b = getattr(self, name)
             if not b or list(b) != sorted(b) or b[0] < 1:
@@ -82,6 +91,7 @@ class JaxSampler:
         self.graphdef, self.state = nnx.split(model)
         self.weight_version = weight_version
         self.compactions = 0
+        self.shared_prefix_tokens = 0
         self._rows: dict[str, _Row] = {}
         self._free = list(range(self.config.max_batch))
         self._key = jax.random.key(self.config.seed)
@@ -149,19 +159,24 @@ class JaxSampler:
         steps = _bucket(params.max_new_tokens, self.config.decode_buckets)
         if params.max_new_tokens > steps:
             raise ValueError(f"max_new_tokens {params.max_new_tokens} exceeds the largest decode bucket {steps}")
-        need = self._slots_needed(new_tokens) + steps
+        prefix, shared = self._shared_prefix(new_tokens, fresh)
+        need = self._slots_needed(new_tokens, len(prefix), shared) + steps
         length = int(self._cache.length)
         if not {row.index for row in self._rows.values()} - set(fresh):
             # Nothing in the cache is worth keeping: start over at slot 0 with the shortest cache.
             self._check_fits(need)
             self._cache, fresh = self._empty_cache(need), []
         elif length + need > self.config.max_length:
-            self._compact(new_tokens, fresh)
+            prefix, shared = self._compact(new_tokens, fresh)
             fresh = []
         elif length + need > self._cache.max_length:
             self._cache = _grown(self._cache, self._cache_length(length + need))
         if fresh:
             self._reset_rows(fresh)
+        if prefix:
+            self._prefill_shared(prefix, shared)
+            for i in shared:
+                new_tokens[i] = new_tokens[i][len(prefix):]
         logits = self._prefill_rows(new_tokens)
         active = np.zeros(self.config.max_batch, bool)
         active[[self._rows[r.session].index for r in requests]] = True
@@ -189,15 +204,28 @@ class JaxSampler:
         sizes = [big] * (n // big) + ([n % big] if n % big else [])
         return [_bucket(s, self.config.prefill_buckets) for s in sizes]
 
-    def _slots_needed(self, new_tokens: dict[int, list[int]]) -> int:
-        longest = max(len(t) for t in new_tokens.values())
-        return sum(self._chunks(longest))
+    def _slots_needed(self, new_tokens: dict[int, list[int]], shared_length: int = 0,
+                      shared: Sequence[int] = ()) -> int:
+        longest = max(len(t) - (shared_length if i in shared else 0) for i, t in new_tokens.items())
+        return sum(self._chunks(shared_length)) + sum(self._chunks(longest))
+
+    def _shared_prefix(self, new_tokens: dict[int, list[int]], starting: Sequence[int]) -> tuple[list[int], list[int]]:
+        """The prefix all rows starting from an empty state share, and those rows ([] when there is
+        nothing worth sharing). Each row keeps at least its last token, whose logits it needs."""
+        rows = sorted(i for i in set(starting) if i in new_tokens)
+        if len(rows) < 2:
+            return [], []
+        histories = [new_tokens[i] for i in rows]
+        n = min(len(os.path.commonprefix(histories)), min(len(h) for h in histories) - 1)
+        if n < self.config.prefill_buckets[0]:
+            return [], []
+        return histories[0][:n], rows
 
     def _cache_length(self, need: int) -> int:
-        """The cache size for `need` slots: min_cache_length doubled as often as needed."""
+        """The cache size for `need` slots: min_cache_length grown by cache_growth as often as needed."""
         length = self.config.min_cache_length
         while length < need:
-            length *= 2
+            length = -(-int(length * self.config.cache_growth) // 128) * 128
         return min(length, self.config.max_length)
 
     def _empty_cache(self, need: int) -> DecodeCache:
@@ -209,9 +237,9 @@ class JaxSampler:
                 f"a session needs {need} cache slots but sampler.max_length is {self.config.max_length}; "
                 "raise max_length or lower agent.max_context_tokens")
 
-    def _compact(self, new_tokens: dict[int, list[int]], fresh: list[int]) -> None:
+    def _compact(self, new_tokens: dict[int, list[int]], fresh: list[int]) -> tuple[list[int], list[int]]:
         """Starts a new cache holding only live sessions: `new_tokens` becomes every live row's
-        whole history (what it held, then its new tokens)."""
+        whole history (what it held, then its new tokens). Returns their shared prefix and rows."""
         self.compactions += 1
         log.info("sampler cache full (%d slots): rebuilding for %d live sessions", self.config.max_length, len(self._rows))
         history = {}
@@ -226,14 +254,32 @@ class JaxSampler:
         for index in list(new_tokens):
             if not new_tokens[index]:
                 del new_tokens[index]
-        need = self._slots_needed(new_tokens) + self.config.decode_buckets[-1]
+        prefix, shared = self._shared_prefix(new_tokens, list(new_tokens))
+        need = self._slots_needed(new_tokens, len(prefix), shared) + self.config.decode_buckets[-1]
         self._check_fits(need)
         self._cache = self._empty_cache(need)
+        return prefix, shared
 
     def _reset_rows(self, rows: list[int]) -> None:
         mask = np.zeros(self.config.max_batch, bool)
         mask[rows] = True
         self._cache = _reset_rows(self._cache, jnp.asarray(mask))
+
+    def _prefill_shared(self, prefix: list[int], rows: list[int]) -> None:
+        """Pre-fills `prefix` once, at batch 1, into every row of `rows` (all empty)."""
+        targets = np.zeros(self.config.max_batch, bool)
+        targets[rows] = True
+        big = self.config.prefill_buckets[-1]
+        for start in range(0, len(prefix), big):
+            piece = prefix[start:start + big]
+            width = _bucket(len(piece), self.config.prefill_buckets)
+            ids = np.zeros((1, width), np.int32)
+            mask = np.zeros((1, width), bool)
+            ids[0, width - len(piece):] = piece
+            mask[0, width - len(piece):] = True
+            self._cache = _prefill_shared(self.graphdef, self.state, self._cache, jnp.int32(rows[0]),
+                                          jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(targets))
+        self.shared_prefix_tokens += len(prefix) * (len(rows) - 1)
 
     def _prefill_rows(self, new_tokens: dict[int, list[int]]) -> jax.Array:
         b = self.config.max_batch
@@ -263,6 +309,26 @@ def _prefill(graphdef, state, cache: DecodeCache, ids, mask):
     model = nnx.merge(graphdef, state)
     hidden, cache = model.hidden_states(ids, mask, cache=cache)
     return model.logits(hidden[:, -1]), cache
+
+
+def _map_rows(fn, cache: DecodeCache, *others: DecodeCache) -> DecodeCache:
+    """Applies `fn` to every per-row array of `cache` (zipped with the same arrays of `others`)."""
+    layers = tuple(jax.tree.map(fn, layer, *(o.layers[i] for o in others)) for i, layer in enumerate(cache.layers))
+    return DecodeCache(layers=layers, key_valid=fn(cache.key_valid, *(o.key_valid for o in others)),
+                       length=cache.length, next_position=fn(cache.next_position, *(o.next_position for o in others)))
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def _prefill_shared(graphdef, state, cache: DecodeCache, source, ids, mask, rows) -> DecodeCache:
+    """Pre-fills ids [1, W] on row `source` alone, then copies its state to every row in `rows` [B]."""
+    model = nnx.merge(graphdef, state)
+    one = _map_rows(lambda x: jax.lax.dynamic_slice_in_dim(x, source, 1, axis=0), cache)
+    _, one = model.hidden_states(ids, mask, cache=one)
+
+    def put(old, new):
+        return jnp.where(rows.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+
+    return dataclasses.replace(_map_rows(put, cache, one), length=one.length)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k"), donate_argnums=(2,))

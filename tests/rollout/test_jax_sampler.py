@@ -120,6 +120,17 @@ def test_cache_overflow_compacts_and_stays_correct(model):
     assert sampler.compactions >= 1
 
 
+def test_a_shared_prompt_prefix_is_prefilled_once_and_stays_exact(model):
+    sampler = JaxSampler(model, small())
+    common = prompts(6, 1, 20, 21)[0]
+    ps = [common, common + [31, 32, 33], common + [34], common + [31, 32, 33]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
+    got = sampler.generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
+    assert sampler.shared_prefix_tokens == 19 * 3  # every row keeps its last token for its logits
+    for p, c in zip(ps, got):
+        assert c.token_ids == greedy_reference(model, p, 8)
+
+
 def test_cache_grows_with_the_sessions_and_restarts_short(model):
     sampler = JaxSampler(model, small(min_cache_length=80))
     params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
