@@ -173,7 +173,7 @@ def test_sigkilled_runs_resume_to_the_same_decisions_and_metrics(finished_run, t
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     rng = np.random.default_rng(0)
     kills = 0
-    while kills < 3:
+    while kills < 2:
         proc = subprocess.Popen(_train_cmd(workdir), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         # Wait for training to start (rollouts directory) before the kill clock runs.
