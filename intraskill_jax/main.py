@@ -95,14 +95,13 @@ def _multiseed(config, workdir, progress):
     import numpy as np
 
     from intraskill_jax.analysis.results import condition_table
+    from intraskill_jax.evaluate import evaluate
 
     per_seed = {}
     for seed in (int(s) for s in _SEEDS.value):
         cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed))
         out = workdir / f"seed_{seed}"
         _train(cfg, out, progress)
-        from intraskill_jax.evaluate import evaluate
-
         per_seed[seed] = {r["condition"]: r for r in condition_table(evaluate(cfg, out, progress=progress))}
     pooled = {}
     for cond in sorted({c for table in per_seed.values() for c in table}):

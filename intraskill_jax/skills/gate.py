@@ -38,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 
 from intraskill_jax import stats
+from intraskill_jax.rundir import json_finite
 from intraskill_jax.rl.rollouts import GroupContext
 from intraskill_jax.skills.bank import Chunk, LedgerEntry, Proposal, SkillBank, render_texts
 
@@ -351,10 +352,10 @@ def run_gate(
             "se": contrib.se.tolist(),
             "masks_on_rate": masks.mean(0).tolist(),
         },
-        "additivity": _json_safe(dataclasses.asdict(additivity))
+        "additivity": json_finite(dataclasses.asdict(additivity))
         if additivity is not None
         else None,
-        "summary": _json_safe(summary),
+        "summary": json_finite(summary),
         "config": dataclasses.asdict(config),
         "validation_task_ids": tasks,
     }
@@ -413,7 +414,3 @@ def _summary(
     if full is not None:
         out["full_reward"], out["full_success"] = float(full.mean()), float((full >= 1.0).mean())
     return out
-
-
-def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
