@@ -90,15 +90,24 @@ def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path
 
 def _corpus(config: RunConfig, world: World, episodes: int = 300) -> list[str]:
     """What the policy will read and write: prompts, skill text, oracle episodes' pages and calls."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
     from sim.policies import OraclePolicy
 
     from intraskill_jax.agent.prompts import system_prompt
-    from intraskill_jax.tokenization import format_tool_calls, from_env_action
+    from intraskill_jax.tokenization import SPECIAL_TOKENS, chat_template, format_tool_calls, from_env_action, tools_for
 
-    lang = config.sim.catalog.lang
+    lang, mode = config.sim.catalog.lang, config.sim.env.mode
     bank = SkillBank.load(resolve_repo_path(config.skills.initial))
-    # The prompt and the skill are in every episode: weight them like the pages they sit beside.
-    texts = [bank.render(bank.full_mask(), lang), system_prompt(lang, config.sim.env.mode)] * episodes
+    # The system turn (tool schema, instructions, skill) opens every episode: weight it like the
+    # pages beside it. Special tokens are single ids already, so they are not corpus text.
+    rendered, _ = render_jinja_template(
+        [[{"role": "system", "content": system_prompt(lang, mode, bank.render(bank.full_mask(), lang))}]],
+        tools=tools_for(mode), chat_template=chat_template("qwen3_5"), add_generation_prompt=True)
+    system = rendered[0]
+    for token in SPECIAL_TOKENS:
+        system = system.replace(token, "\n")
+    texts = [system] * episodes
     env = ShopEnv(world)
     for tid in world.splits.train[:episodes]:
         result = env.reset(int(tid))
@@ -128,7 +137,9 @@ def load_policy(config: RunConfig, path: str | Path, mesh: Any = None) -> Any:
     from intraskill_jax.models.params import load_pretrained
 
     dtype = None if config.policy.dtype == "auto" else config.policy.dtype
-    return load_pretrained(path, mesh=mesh, dtype=dtype, remat=config.policy.remat)
+    p = config.policy
+    return load_pretrained(path, mesh=mesh, dtype=dtype, remat=p.remat, gdn_chunk_size=p.gdn_chunk_size,
+                           attention_block_size=p.attention_block_size)
 
 
 def load_tokenizer(path: str | Path) -> Any:

@@ -22,6 +22,7 @@ from intraskill_jax.agent.trajectory import Trajectory, Turn
 from intraskill_jax.rollout.base import GenerateRequest, RolloutEngine, SamplingParams
 from intraskill_jax.tokenization import (
     CONTROL_MARKUP,
+    IM_END,
     Family,
     continuation_text,
     parse_reply,
@@ -94,6 +95,10 @@ def run_episodes(
         )
     if max_concurrent is not None and max_concurrent < 1:
         raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+    # A reply ends with the chat template's end-of-turn token, whatever else the caller stops on.
+    end_of_turn = tokenizer.convert_tokens_to_ids(IM_END)
+    if end_of_turn not in sampling.stop_token_ids:
+        sampling = dataclasses.replace(sampling, stop_token_ids=(*sampling.stop_token_ids, end_of_turn))
     capacity = max_concurrent or len(specs)
     trajs: list[Trajectory | None] = [None] * len(specs)
     waiting = list(range(len(specs)))[::-1]

@@ -16,8 +16,10 @@ from intraskill_jax.models.config import ModelConfig
 
 @flax.struct.dataclass
 class AttentionCache:
-    key: jax.Array  # [B, S, KV, D] post-norm, post-RoPE keys
-    value: jax.Array  # [B, S, KV, D]
+    # [B, KV, S, D]: a decode step reads each head's keys as one contiguous [S, D] matrix (~3x
+    # faster on CPU than [B, S, KV, D]).
+    key: jax.Array  # post-norm, post-RoPE keys
+    value: jax.Array
 
 
 @flax.struct.dataclass
@@ -53,7 +55,7 @@ def init_cache(
     layers: list[LayerCache] = []
     for layer_type in config.layer_types:
         if layer_type == "full_attention":
-            shape = (batch_size, max_length, config.num_key_value_heads, config.head_dim)
+            shape = (batch_size, config.num_key_value_heads, max_length, config.head_dim)
             layers.append(
                 AttentionCache(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype))
             )

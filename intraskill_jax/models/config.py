@@ -60,6 +60,9 @@ class ModelConfig:
         'dots_saveable' (keep matmul outputs, recompute elementwise work).
       gdn_chunk_size: chunk length of the chunked Gated DeltaNet kernel (prefill / training).
       logits_chunk_size: sequence chunk used by `token_logprobs` to avoid full-vocab logits.
+      attention_block_size: 0 (default) computes whole-sequence attention with
+        `jax.nn.dot_product_attention` (fused kernels on GPU/TPU); N > 0 computes it N queries at
+        a time, skipping the masked upper triangle (faster on CPU, which has no fused kernel).
     """
 
     family: Family
@@ -90,6 +93,7 @@ class ModelConfig:
     remat: RematPolicy = "none"
     gdn_chunk_size: int = 64
     logits_chunk_size: int = 512
+    attention_block_size: int = 0
 
     def __post_init__(self) -> None:
         if self.family not in ("qwen3_5", "qwen3"):
@@ -162,6 +166,8 @@ class ModelConfig:
                 f"dtype and param_dtype must be one of {_DTYPES}; got {self.dtype!r}, "
                 f"{self.param_dtype!r}."
             )
+        if not isinstance(self.attention_block_size, int) or self.attention_block_size < 0:
+            raise ValueError(f"ModelConfig.attention_block_size must be an int >= 0; got {self.attention_block_size!r}.")
         if self.remat not in _REMAT:
             raise ValueError(f"remat must be one of {_REMAT}; got {self.remat!r}.")
 

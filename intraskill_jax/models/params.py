@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
@@ -248,6 +249,10 @@ def _load_array(record: TensorRecord, target: jax.ShapeDtypeStruct, sharding: An
     def shard(index: tuple[slice, ...]) -> np.ndarray:
         return np.asarray(view[index], dtype=dtype)
 
+    if sharding is None:
+        # Uncommitted, on the default device. Committed single-device parameters made every jit
+        # dispatch ~150 ms slower on CPU (jax 0.10: a 4 ms decode step took 160 ms).
+        return jnp.array(shard(tuple(slice(None) for _ in target.shape)))
     return jax.make_array_from_callback(target.shape, sharding, shard)
 
 
@@ -273,16 +278,8 @@ def load_state(
     mapped = _map_records(
         records, {k: v.get_value() for k, v in flat.items()}, _tied(hf_config), directory
     )
-    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     loaded = [
-        (
-            path,
-            var.replace(
-                _load_array(
-                    mapped[_path_key(path)], var.get_value(), var.get_value().sharding or default
-                )
-            ),
-        )
+        (path, var.replace(_load_array(mapped[_path_key(path)], var.get_value(), var.get_value().sharding)))
         for path, var in nnx.to_flat_state(params)
     ]
     params = nnx.from_flat_state(loaded)

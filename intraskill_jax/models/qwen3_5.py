@@ -178,6 +178,7 @@ class DecoderLayer(nnx.Module):
                 param_dtype=c.params_dtype,
                 init_std=c.initializer_range,
                 rngs=rngs,
+                block_size=c.attention_block_size,
             )
         self.post_attention_layernorm = RMSNorm(c.hidden_size, **norm_kw)
         self.mlp = MLP(

@@ -70,12 +70,16 @@ class ScriptedEngine:
         self.released: list[str] = []
 
     def generate(self, requests: Sequence[GenerateRequest], params: SamplingParams) -> list[Completion]:
+        """Like a sampler, it stops only at one of `params.stop_token_ids` (else at the length limit)."""
         out = []
         for r in requests:
             ids = self._encode(self._script(r.session, r.input_ids)) + [self._stop]
+            end = next((k + 1 for k, t in enumerate(ids) if t in params.stop_token_ids), None)
             reason: FinishReason = "stop"
-            if len(ids) > params.max_new_tokens:
+            if end is None or end > params.max_new_tokens:
                 ids, reason = ids[: params.max_new_tokens], "length"
+            else:
+                ids = ids[:end]
             out.append(Completion(ids, [0.0] * len(ids), reason, self.weight_version))
         return out
 

@@ -367,12 +367,12 @@ def _grown(cache: DecodeCache, length: int) -> DecodeCache:
     """`cache` with `length` slots: the new slots are empty (invalid keys, zero K/V)."""
     extra = length - cache.max_length
 
-    def pad(x: jax.Array) -> jax.Array:
-        return jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2))
+    def pad(x: jax.Array, axis: int) -> jax.Array:
+        return jnp.pad(x, [(0, extra) if i == axis else (0, 0) for i in range(x.ndim)])
 
-    layers = tuple(AttentionCache(key=pad(layer.key), value=pad(layer.value)) if isinstance(layer, AttentionCache)
-                   else layer for layer in cache.layers)
-    return DecodeCache(layers=layers, key_valid=pad(cache.key_valid), length=cache.length,
+    layers = tuple(AttentionCache(key=pad(layer.key, 2), value=pad(layer.value, 2))
+                   if isinstance(layer, AttentionCache) else layer for layer in cache.layers)
+    return DecodeCache(layers=layers, key_valid=pad(cache.key_valid, 1), length=cache.length,
                        next_position=cache.next_position)
 
 

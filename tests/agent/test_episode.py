@@ -115,4 +115,5 @@ def test_collate_buckets_and_aligns(world, tok):
         assert batch["tokens"][i, :n].tolist() == t.token_ids
         assert batch["loss_mask"][i].sum() == sum(t.loss_mask)
         assert batch["attention_mask"][i].sum() == n
-    assert [bucket_length(n) for n in (1, 128, 129, 700)] == [128, 128, 256, 1024]
+    assert [bucket_length(n) for n in (1, 128, 129, 257, 300, 385, 700, 1025, 1537)] == [
+        128, 128, 256, 384, 384, 512, 768, 1536, 2048]
