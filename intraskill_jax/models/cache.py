@@ -1,8 +1,8 @@
 """Decode cache: KV slots for attention layers, (conv, recurrent) state for DeltaNet layers.
 
-All rows of a batch share one slot index (`length`), so batched prompts are left-padded and
-`key_valid` marks which slots hold real tokens. Positions count real tokens only, so a row's
-first real token has position 0 however much padding precedes it.
+Each row writes only its real tokens, at its own next slots (`length[b]`), so padding costs no
+slots and a row's slots are exactly its history; `key_valid` marks the slots written. Positions
+count real tokens only, so a row's first real token has position 0 however much padding preceded it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ LayerCache = AttentionCache | DeltaNetCache
 class DecodeCache:
     layers: tuple[LayerCache, ...]  # one per decoder layer
     key_valid: jax.Array  # [B, S] bool, slot holds a real (unmasked) token
-    length: jax.Array  # [] int32, slots written so far (same for every row)
+    length: jax.Array  # [B] int32, slots each row has written (its real tokens)
     next_position: jax.Array  # [B] int32, RoPE position of each row's next real token
 
     @property
@@ -48,7 +48,7 @@ def init_cache(
 ) -> DecodeCache:
     """An empty cache for `batch_size` rows and up to `max_length` tokens (prompt + generated).
 
-    Writing past `max_length` is not checked inside jit (slots would be clamped); size it for the
+    Writing past `max_length` is not checked inside jit (those tokens would be dropped); size it for the
     longest prompt plus the number of new tokens.
     """
     dtype = config.compute_dtype if dtype is None else dtype
@@ -80,6 +80,6 @@ def init_cache(
     return DecodeCache(
         layers=tuple(layers),
         key_valid=jnp.zeros((batch_size, max_length), bool),
-        length=jnp.zeros((), jnp.int32),
+        length=jnp.zeros((batch_size,), jnp.int32),
         next_position=jnp.zeros((batch_size,), jnp.int32),
     )

@@ -181,10 +181,11 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 # --------------------------------------------------------------------------- attention
 def attention_mask(query_slots: jax.Array, key_valid: jax.Array) -> jax.Array:
-    """Causal + padding mask [B, 1, T, S] from query slot indices [T] and key validity [B, S]."""
+    """Causal + padding mask [B, 1, T, S] from query slots ([T], or [B, T] per row) and key validity [B, S]."""
     key_slots = jnp.arange(key_valid.shape[1])
-    causal = key_slots[None, :] <= query_slots[:, None]
-    return (causal[None] & key_valid[:, None, :].astype(bool))[:, None]
+    query_slots = jnp.broadcast_to(query_slots, (key_valid.shape[0], query_slots.shape[-1]))
+    causal = key_slots[None, None, :] <= query_slots[:, :, None]
+    return (causal & key_valid[:, None, :].astype(bool))[:, None]
 
 
 def _grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float,
@@ -269,13 +270,15 @@ class Attention(nnx.Module):
         *,
         key_valid: jax.Array,
         kv_cache: tuple[jax.Array, jax.Array] | None = None,
-        cache_index: jax.Array | int = 0,
+        query_slots: jax.Array | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """Args:
           x: [B, T, hidden]; cos, sin: [B, T, rotary_dim].
           key_valid: [B, S] bool, which key slots hold real tokens (S = T without a cache, else
             the cache length, already updated for the new tokens).
-          kv_cache: (key, value) [B, KV, S, D] or None; new keys are written at `cache_index`.
+          kv_cache: (key, value) [B, KV, S, D] or None.
+          query_slots: [B, T] cache slot of each new token (its key and value are written there;
+            an out-of-range slot, for padding, writes nothing); with a cache only.
         Returns:
           [B, T, hidden] and the updated (key, value) cache (None without one).
         """
@@ -292,13 +295,10 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, kvh, d)
         q = constrain(q, ("batch", "seq", "heads", None))
 
-        if kv_cache is not None:  # [B, KV, S, D]
-            k_all = jax.lax.dynamic_update_slice_in_dim(
-                kv_cache[0], k.transpose(0, 2, 1, 3).astype(kv_cache[0].dtype), cache_index, axis=2
-            )
-            v_all = jax.lax.dynamic_update_slice_in_dim(
-                kv_cache[1], v.transpose(0, 2, 1, 3).astype(kv_cache[1].dtype), cache_index, axis=2
-            )
+        if kv_cache is not None:  # [B, KV, S, D]; the indexed [B, T] lead, as in k [B, T, KV, D]
+            rows = jnp.arange(b)[:, None]
+            k_all = kv_cache[0].at[rows, :, query_slots].set(k.astype(kv_cache[0].dtype), mode="drop")
+            v_all = kv_cache[1].at[rows, :, query_slots].set(v.astype(kv_cache[1].dtype), mode="drop")
             new_cache = (k_all, v_all)
         else:
             k_all, v_all, new_cache = k, v, None
@@ -309,7 +309,7 @@ class Attention(nnx.Module):
             )
         elif kv_cache is not None:
             # Grouped einsum straight over the cache: no per-step copy of K/V repeated per head.
-            mask = attention_mask(cache_index + jnp.arange(t), key_valid)  # [B, 1, T, S]
+            mask = attention_mask(query_slots, key_valid)  # [B, 1, T, S]
             out = _grouped_attention(q.astype(self.dtype), k_all.astype(self.dtype), v_all.astype(self.dtype),
                                      mask[:, :, None], scale=d**-0.5, kv_layout="bksd")
         else:

@@ -197,7 +197,7 @@ class DecoderLayer(nnx.Module):
         sin: jax.Array,
         token_mask: jax.Array,
         key_valid: jax.Array,
-        cache_index: jax.Array,
+        query_slots: jax.Array,
         layer_cache: LayerCache | None,
         *,
         has_padding: bool = True,
@@ -208,7 +208,7 @@ class DecoderLayer(nnx.Module):
         else:
             kv = None if layer_cache is None else (layer_cache.key, layer_cache.value)
             h, kv = self.self_attn(
-                h, cos, sin, key_valid=key_valid, kv_cache=kv, cache_index=cache_index
+                h, cos, sin, key_valid=key_valid, kv_cache=kv, query_slots=query_slots
             )
             new_cache = None if kv is None else AttentionCache(key=kv[0], value=kv[1])
         x = x + h
@@ -253,13 +253,13 @@ class TextModel(nnx.Module):
         # Real tokens count from 0 in each row; left padding gets position 0 (it is masked anyway).
         offsets = jnp.maximum(jnp.cumsum(token_mask, axis=1, dtype=jnp.int32) - 1, 0)
         if cache is None:
-            key_valid, cache_index = token_mask, jnp.zeros((), jnp.int32)
+            key_valid, query_slots = token_mask, jnp.broadcast_to(jnp.arange(t), (b, t))
             default_positions = offsets
         else:
-            cache_index = cache.length
-            key_valid = jax.lax.dynamic_update_slice_in_dim(
-                cache.key_valid, token_mask, cache_index, axis=1
-            )
+            # Each row writes only its real tokens, at its own next slots; padding goes to an
+            # out-of-range slot that the scatter drops.
+            query_slots = jnp.where(token_mask, cache.length[:, None] + offsets, cache.max_length)
+            key_valid = cache.key_valid.at[jnp.arange(b)[:, None], query_slots].set(True, mode="drop")
             default_positions = cache.next_position[:, None] + offsets
         positions = default_positions if positions is None else positions
         cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta)
@@ -276,7 +276,7 @@ class TextModel(nnx.Module):
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else cache.layers[i]
             x, layer_cache = run(
-                layer, x, cos, sin, token_mask, key_valid, cache_index, layer_cache
+                layer, x, cos, sin, token_mask, key_valid, query_slots, layer_cache
             )
             new_layers.append(layer_cache)
         x = self.norm(x)
@@ -285,7 +285,7 @@ class TextModel(nnx.Module):
         return x, DecodeCache(
             layers=tuple(new_layers),
             key_valid=key_valid,
-            length=cache.length + t,
+            length=cache.length + jnp.sum(token_mask, axis=1, dtype=jnp.int32),
             next_position=cache.next_position + jnp.sum(token_mask, axis=1, dtype=jnp.int32),
         )
 

@@ -11,10 +11,10 @@ New sessions whose prompts share a prefix (the system prompt and tools of every 
 prompt of GRPO siblings) pre-fill it once, in one row at batch 1, and copy that row's state to the
 others; each then pre-fills only its own remainder (`shared_prefix_tokens` counts the tokens saved).
 
-Rows share one slot counter, so slots are consumed by padding and by idle rows too. Attention reads
-every slot of the cache, so the cache starts short and doubles as the sessions grow (each length
-compiles its own programs); once no session is live it starts over, short and at slot 0. When it
-would outgrow `max_length`, it is rebuilt by re-prefilling every live session (`compactions`).
+Each row writes only its own real tokens at its own next slots (padding and idle rows cost none),
+so the cache needs as many slots as the longest live session. Attention reads every slot, so the
+cache starts short and grows with the sessions (each length compiles its own programs); once no
+session is live it starts over, short. A session longer than `max_length` is an error.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 class SamplerConfig:
     """Attributes:
       max_batch: cache rows = sessions served at once.
-      max_length: cache slots shared by all rows (prompt, turns, padding).
+      max_length: cache slots per row: the longest session (prompt, turns) plus max_new_tokens.
       min_cache_length: the cache's first size; it grows up to max_length as sessions grow.
       cache_growth: factor between successive cache sizes (rounded up to multiples of 128). Each
         size compiles its own programs; a smaller factor keeps the cache, whose every slot
@@ -90,7 +90,6 @@ class JaxSampler:
         self.model_config = model.config
         self.graphdef, self.state = nnx.split(model)
         self.weight_version = weight_version
-        self.compactions = 0
         self.shared_prefix_tokens = 0
         self._rows: dict[str, _Row] = {}
         self._free = list(range(self.config.max_batch))
@@ -137,6 +136,15 @@ class JaxSampler:
             return []
         if len({r.session for r in requests}) != len(requests):
             raise ValueError("one request per session per call")
+        steps = _bucket(params.max_new_tokens, self.config.decode_buckets)
+        if params.max_new_tokens > steps:
+            raise ValueError(f"max_new_tokens {params.max_new_tokens} exceeds the largest decode bucket {steps}")
+        # A row's slots hold its own history only, so the longest session sets the cache size.
+        need = max(len(r.input_ids) for r in requests) + steps
+        if need > self.config.max_length:
+            raise RuntimeError(
+                f"a session needs {need} cache slots but sampler.max_length is {self.config.max_length}; "
+                "raise max_length or lower agent.max_context_tokens")
         new_tokens: dict[int, list[int]] = {}
         fresh: list[int] = []
         for r in requests:
@@ -156,21 +164,12 @@ class JaxSampler:
                 fresh.append(row.index)
                 new_tokens[row.index] = ids
             row.cached = ids
-        steps = _bucket(params.max_new_tokens, self.config.decode_buckets)
-        if params.max_new_tokens > steps:
-            raise ValueError(f"max_new_tokens {params.max_new_tokens} exceeds the largest decode bucket {steps}")
         prefix, shared = self._shared_prefix(new_tokens, fresh)
-        need = self._slots_needed(new_tokens, len(prefix), shared) + steps
-        length = int(self._cache.length)
         if not {row.index for row in self._rows.values()} - set(fresh):
-            # Nothing in the cache is worth keeping: start over at slot 0 with the shortest cache.
-            self._check_fits(need)
+            # Nothing in the cache is worth keeping: start over with the shortest cache that fits.
             self._cache, fresh = self._empty_cache(need), []
-        elif length + need > self.config.max_length:
-            prefix, shared = self._compact(new_tokens, fresh)
-            fresh = []
-        elif length + need > self._cache.max_length:
-            self._cache = _grown(self._cache, self._cache_length(length + need))
+        elif need > self._cache.max_length:
+            self._cache = _grown(self._cache, self._cache_length(need))
         if fresh:
             self._reset_rows(fresh)
         if prefix:
@@ -199,16 +198,6 @@ class JaxSampler:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _chunks(self, n: int) -> list[int]:
-        big = self.config.prefill_buckets[-1]
-        sizes = [big] * (n // big) + ([n % big] if n % big else [])
-        return [_bucket(s, self.config.prefill_buckets) for s in sizes]
-
-    def _slots_needed(self, new_tokens: dict[int, list[int]], shared_length: int = 0,
-                      shared: Sequence[int] = ()) -> int:
-        longest = max(len(t) - (shared_length if i in shared else 0) for i, t in new_tokens.items())
-        return sum(self._chunks(shared_length)) + sum(self._chunks(longest))
-
     def _shared_prefix(self, new_tokens: dict[int, list[int]], starting: Sequence[int]) -> tuple[list[int], list[int]]:
         """The prefix all rows starting from an empty state share, and those rows ([] when there is
         nothing worth sharing). Each row keeps at least its last token, whose logits it needs."""
@@ -230,35 +219,6 @@ class JaxSampler:
 
     def _empty_cache(self, need: int) -> DecodeCache:
         return init_cache(self.model_config, self.config.max_batch, self._cache_length(need))
-
-    def _check_fits(self, need: int) -> None:
-        if need > self.config.max_length:
-            raise RuntimeError(
-                f"a session needs {need} cache slots but sampler.max_length is {self.config.max_length}; "
-                "raise max_length or lower agent.max_context_tokens")
-
-    def _compact(self, new_tokens: dict[int, list[int]], fresh: list[int]) -> tuple[list[int], list[int]]:
-        """Starts a new cache holding only live sessions: `new_tokens` becomes every live row's
-        whole history (what it held, then its new tokens). Returns their shared prefix and rows."""
-        self.compactions += 1
-        log.info("sampler cache full (%d slots): rebuilding for %d live sessions", self.config.max_length, len(self._rows))
-        history = {}
-        for row in self._rows.values():
-            held = row.cached if row.index not in new_tokens else row.cached[: len(row.cached) - len(new_tokens[row.index])]
-            if row.index in fresh:
-                held = []
-            history[row.index] = held
-        # Re-feed what each row held, then the new tokens; everything is fresh again.
-        for index, held in history.items():
-            new_tokens[index] = held + new_tokens.get(index, [])
-        for index in list(new_tokens):
-            if not new_tokens[index]:
-                del new_tokens[index]
-        prefix, shared = self._shared_prefix(new_tokens, list(new_tokens))
-        need = self._slots_needed(new_tokens, len(prefix), shared) + self.config.decode_buckets[-1]
-        self._check_fits(need)
-        self._cache = self._empty_cache(need)
-        return prefix, shared
 
     def _reset_rows(self, rows: list[int]) -> None:
         mask = np.zeros(self.config.max_batch, bool)
@@ -315,7 +275,8 @@ def _map_rows(fn, cache: DecodeCache, *others: DecodeCache) -> DecodeCache:
     """Applies `fn` to every per-row array of `cache` (zipped with the same arrays of `others`)."""
     layers = tuple(jax.tree.map(fn, layer, *(o.layers[i] for o in others)) for i, layer in enumerate(cache.layers))
     return DecodeCache(layers=layers, key_valid=fn(cache.key_valid, *(o.key_valid for o in others)),
-                       length=cache.length, next_position=fn(cache.next_position, *(o.next_position for o in others)))
+                       length=fn(cache.length, *(o.length for o in others)),
+                       next_position=fn(cache.next_position, *(o.next_position for o in others)))
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
@@ -328,7 +289,7 @@ def _prefill_shared(graphdef, state, cache: DecodeCache, source, ids, mask, rows
     def put(old, new):
         return jnp.where(rows.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
 
-    return dataclasses.replace(_map_rows(put, cache, one), length=one.length)
+    return _map_rows(put, cache, one)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k"), donate_argnums=(2,))
@@ -387,4 +348,4 @@ def _reset_rows(cache: DecodeCache, rows: jax.Array) -> DecodeCache:
                 recurrent_state=jnp.where(rows[:, None, None, None], 0, layer.recurrent_state))
         layers.append(layer)
     return DecodeCache(layers=tuple(layers), key_valid=cache.key_valid & ~rows[:, None],
-                       length=cache.length, next_position=jnp.where(rows, 0, cache.next_position))
+                       length=jnp.where(rows, 0, cache.length), next_position=jnp.where(rows, 0, cache.next_position))
