@@ -23,9 +23,7 @@ from sim.config import CatalogConfig
 from sim.records import OptionValue, Product, Task
 from sim.vocab import BRAND_CHARS_ZH, BRAND_SYLLABLES_EN, DOMAINS, MODIFIERS, NUM_TYPES, STYLES, Domain, Word, words
 
-_ASIN_MOD = 10**11
-_ASIN_MUL = 7_919_826_351  # coprime with 10**11, so asin <-> index is a bijection
-_ASIN_MUL_INV = pow(_ASIN_MUL, -1, _ASIN_MOD)
+_ASIN_MUL = 7_919_826_351  # odd and not a multiple of 5: coprime with every 10**k, so asin <-> index is a bijection
 _SHOP_SUFFIXES = words("official store|官方旗舰店, flagship store|专卖店, outlet|折扣店, home store|生活馆")
 _NUM_BRANDS = 16
 _TYPE_INDEX = [(d, t) for d, dom in enumerate(DOMAINS) for t in range(len(dom.types))]
@@ -85,7 +83,11 @@ class SyntheticCatalog:
         self.lang = config.lang
         self.per = config.products_per_subcategory
         self.num_subcategories = math.ceil(config.num_products / self.per)
-        self._asin_add = (config.seed * 2_654_435_761 + 987_654_321) % _ASIN_MOD
+        # Ids are "1" followed by id_digits-1 digits: a bijective affine map of the index mod 10**(id_digits-1).
+        self._asin_mod = 10 ** (config.id_digits - 1)
+        self._asin_mul = _ASIN_MUL % self._asin_mod
+        self._asin_mul_inv = pow(self._asin_mul, -1, self._asin_mod)
+        self._asin_add = (config.seed * 2_654_435_761 + 987_654_321) % self._asin_mod
         self._cache: collections.OrderedDict[int, list[Product]] = collections.OrderedDict()
         self._cache_size = cache_subcategories
         self._lock = threading.Lock()
@@ -111,12 +113,12 @@ class SyntheticCatalog:
             yield from self._generate(s)
 
     def asin(self, index: int) -> str:
-        return str(_ASIN_MOD + (index * _ASIN_MUL + self._asin_add) % _ASIN_MOD)
+        return str(self._asin_mod + (index * self._asin_mul + self._asin_add) % self._asin_mod)
 
     def index_of(self, asin: str) -> int | None:
-        if len(asin) != 12 or not asin.isdigit() or asin[0] != "1":
+        if len(asin) != self.config.id_digits or not asin.isdigit() or asin[0] != "1":
             return None
-        index = ((int(asin) - _ASIN_MOD - self._asin_add) * _ASIN_MUL_INV) % _ASIN_MOD
+        index = ((int(asin) - self._asin_mod - self._asin_add) * self._asin_mul_inv) % self._asin_mod
         return index if index < len(self) else None
 
     def subcategory(self, s: int) -> Subcategory:

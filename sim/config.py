@@ -34,6 +34,8 @@ class CatalogConfig:
       products_per_subcategory: size of each group of near-identical products.
       lang: surface language of every generated text.
       persona_fraction: share of tasks that carry a user profile and a hidden requirement.
+      id_digits: length of product ids (ShopSimulator's are 12 digits); shorter ids are easier
+        for a tiny policy to copy (the CPU quickstart). Needs num_products <= 10**(id_digits-1).
       items_path: a ShopSimulator `items_*.json[.gz]` or WebShop `items_shuffle*.json` file.
       instructions_path: WebShop's `items_human_ins.json` (only with a WebShop items file).
     """
@@ -43,6 +45,7 @@ class CatalogConfig:
     products_per_subcategory: int = 120
     lang: Lang = "en"
     persona_fraction: float = 0.3
+    id_digits: int = 12
     items_path: str = ""
     instructions_path: str = ""
 
@@ -57,6 +60,11 @@ class CatalogConfig:
         _check(
             0.0 <= self.persona_fraction <= 1.0,
             f"catalog.persona_fraction must be in [0, 1], got {self.persona_fraction}",
+        )
+        _check(
+            2 <= self.id_digits <= 12 and self.num_products <= 10 ** (self.id_digits - 1),
+            f"catalog.id_digits must be in [2, 12] with num_products <= 10**(id_digits-1), got "
+            f"id_digits={self.id_digits} for {self.num_products} products",
         )
         _check(
             not self.instructions_path or bool(self.items_path),

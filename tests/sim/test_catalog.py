@@ -38,14 +38,23 @@ def test_million_product_catalog_is_lazy():
     assert len(cat._cache) <= 8
 
 
-def test_asin_is_a_bijection_and_rejects_foreign_ids():
-    cat = _catalog()
+@pytest.mark.parametrize("digits, n", [(12, 2400), (5, 10_000), (4, 1000)])
+def test_asin_is_a_bijection_and_rejects_foreign_ids(digits, n):
+    cat = _catalog(id_digits=digits, num_products=n)
     asins = [cat.asin(i) for i in range(len(cat))]
     assert len(set(asins)) == len(asins)
-    assert all(len(a) == 12 and a.isdigit() for a in asins)
+    assert all(len(a) == digits and a.isdigit() and a[0] == "1" for a in asins)
     assert all(cat.index_of(a) == i for i, a in enumerate(asins))
-    for bad in ("", "abc", "0" * 12, "1" * 13, "buy now"):
+    for bad in ("", "abc", "0" * digits, "1" * (digits + 1), "1" * 12 if digits != 12 else "1" * 11, "buy now"):
         assert cat.index_of(bad) is None
+    assert sorted(asins) != asins  # scattered, not the index in disguise
+
+
+def test_id_digits_must_hold_the_catalog():
+    from sim.config import ConfigError
+
+    with pytest.raises(ConfigError, match="id_digits"):
+        CatalogConfig(num_products=1001, id_digits=4)
 
 
 def test_twelve_domains_and_near_identical_subcategories():
