@@ -295,31 +295,21 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, kvh, d)
         q = constrain(q, ("batch", "seq", "heads", None))
 
+        new_cache = None
         if kv_cache is not None:  # [B, KV, S, D]; the indexed [B, T] lead, as in k [B, T, KV, D]
             rows = jnp.arange(b)[:, None]
-            k_all = kv_cache[0].at[rows, :, query_slots].set(k.astype(kv_cache[0].dtype), mode="drop")
-            v_all = kv_cache[1].at[rows, :, query_slots].set(v.astype(kv_cache[1].dtype), mode="drop")
-            new_cache = (k_all, v_all)
+            new_cache = (kv_cache[0].at[rows, :, query_slots].set(k.astype(kv_cache[0].dtype), mode="drop"),
+                         kv_cache[1].at[rows, :, query_slots].set(v.astype(kv_cache[1].dtype), mode="drop"))
+            # Grouped einsum straight over the cache: K/V are never copied per query head.
+            out = _grouped_attention(q.astype(self.dtype), new_cache[0].astype(self.dtype),
+                                     new_cache[1].astype(self.dtype), attention_mask(query_slots, key_valid)[:, :, None],
+                                     scale=d**-0.5, kv_layout="bksd")
+        elif 0 < self.block_size < t:
+            out = blocked_causal_attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
+                                           key_valid, block_size=self.block_size, scale=d**-0.5)
         else:
-            k_all, v_all, new_cache = k, v, None
-        if kv_cache is None and 0 < self.block_size < t:
-            out = blocked_causal_attention(
-                q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype), key_valid,
-                block_size=self.block_size, scale=d**-0.5,
-            )
-        elif kv_cache is not None:
-            # Grouped einsum straight over the cache: no per-step copy of K/V repeated per head.
-            mask = attention_mask(query_slots, key_valid)  # [B, 1, T, S]
-            out = _grouped_attention(q.astype(self.dtype), k_all.astype(self.dtype), v_all.astype(self.dtype),
-                                     mask[:, :, None], scale=d**-0.5, kv_layout="bksd")
-        else:
-            out = jax.nn.dot_product_attention(
-                q.astype(self.dtype),
-                k_all.astype(self.dtype),
-                v_all.astype(self.dtype),
-                mask=attention_mask(jnp.arange(t), key_valid),
-                scale=d**-0.5,
-            )
+            out = jax.nn.dot_product_attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
+                                               mask=attention_mask(jnp.arange(t), key_valid), scale=d**-0.5)
         out = out.reshape(b, t, h * d)
         if gate is not None:
             out = out * jax.nn.sigmoid(gate)
