@@ -244,9 +244,11 @@ def test_pool_exhaustion_then_recovery(world: World) -> None:
 
 
 def test_waiting_resets_do_not_starve_releases(world: World) -> None:
-    """45 resets queued on a full pool must not block the release that would free it."""
+    """45 resets queued on a full pool must not block the release that would free it. (The waits
+    time out after 6 s: a starved release comes after them, a prompt one well before, even on two
+    busy cores; at 2 s a loaded machine failed it.)"""
     events: list[tuple[str, int]] = []
-    with serve(world, pool_size=1, acquire_timeout_s=2.0) as url, httpx.Client(base_url=url, timeout=30) as http:
+    with serve(world, pool_size=1, acquire_timeout_s=6.0) as url, httpx.Client(base_url=url, timeout=30) as http:
         held = ok(http, {"action": "reset", "idx": 0})["env_idx"]
 
         def waiter() -> None:
