@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 from collections.abc import Sequence
 
@@ -34,7 +33,6 @@ from intraskill_jax.models.cache import AttentionCache, DecodeCache, DeltaNetCac
 from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams
 from intraskill_jax.rollout.sampling import sample_tokens
 
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
