@@ -197,7 +197,7 @@ class DecoderLayer(nnx.Module):
         sin: jax.Array,
         token_mask: jax.Array,
         key_valid: jax.Array,
-        query_slots: jax.Array,
+        query_slots: jax.Array | None,
         layer_cache: LayerCache | None,
         *,
         has_padding: bool = True,
@@ -253,7 +253,7 @@ class TextModel(nnx.Module):
         # Real tokens count from 0 in each row; left padding gets position 0 (it is masked anyway).
         offsets = jnp.maximum(jnp.cumsum(token_mask, axis=1, dtype=jnp.int32) - 1, 0)
         if cache is None:
-            key_valid, query_slots = token_mask, jnp.broadcast_to(jnp.arange(t), (b, t))
+            key_valid, query_slots = token_mask, None  # attention without a cache writes no slots
             default_positions = offsets
         else:
             # Each row writes only its real tokens, at its own next slots; padding goes to an
