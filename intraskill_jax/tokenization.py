@@ -253,17 +253,28 @@ def chat_template(family: Family) -> str:
     )
 
 
+# The pre-tokenizer regex of Qwen2/Qwen3/Qwen3.5 tokenizers (their tokenizer.json).
+QWEN_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                      r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 def train_tokenizer(texts, vocab_size: int, family: Family = "qwen3_5"):
     """Trains a byte-level BPE tokenizer on `texts` with the family's special tokens and template.
 
     Returns a `transformers.PreTrainedTokenizerFast` (save it with `save_pretrained`), so a model
     built here loads through exactly the path a real checkpoint uses.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen's own split: every digit is a token and no space is glued to a number, so a product id
+    # reads the same on a results page (" 14321") and in a tool call ("\n14321\n"). GPT-2's split
+    # made those two different token strings, and a small policy could never learn to copy ids.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

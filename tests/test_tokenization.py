@@ -109,3 +109,30 @@ def test_env_action_mapping_rejects_bad_calls():
         to_env_action(ToolCall("checkout", {}))
     with pytest.raises(ValueError, match="non-empty string"):
         to_env_action(ToolCall("click", {"value": 3}))
+
+
+def test_pretokenizer_is_qwens_split():
+    """Pre-tokens equal the Qwen regex applied by the `regex` module (the HF tokenizer.json split)."""
+    regex = pytest.importorskip("regex")
+    from intraskill_jax.tokenization import QWEN_SPLIT_PATTERN
+
+    tok = train_tokenizer(CORPUS, vocab_size=600)
+    text = "I'm looking for 2 pillows:\n\n  size 40x60cm, price < 60.00 [SEP] 140586786076 ok?\r\n"
+    pieces = [p for p, _ in tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+    decoded = [tok.convert_tokens_to_string([p]) for p in pieces]
+    assert decoded == regex.findall(QWEN_SPLIT_PATTERN, text)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
+def test_product_ids_tokenize_alike_on_pages_and_in_calls(tokenizer, family):
+    """The policy copies an id from a results page into a call: both must be the same tokens."""
+    pid = "140586786076"
+    page = tokenizer.encode(f"Next > [SEP] {pid} [SEP] Veden pillow", add_special_tokens=False)
+    call = tokenizer.encode(format_tool_calls([ToolCall("click", {"value": pid})], family), add_special_tokens=False)
+    digits = [tokenizer.convert_tokens_to_ids(d) for d in pid]
+    assert all(isinstance(d, int) and d != tokenizer.unk_token_id for d in digits)
+
+    def contains(seq, sub):
+        return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+    assert contains(page, digits) and contains(call, digits)
