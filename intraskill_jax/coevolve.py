@@ -37,7 +37,7 @@ from sim.env import ShopEnv
 from sim.world import World, build_world
 
 from intraskill_jax import rundir
-from intraskill_jax.agent.demos import oracle_demonstrations
+from intraskill_jax.agent.demos import oracle_agreement, oracle_demonstrations
 from intraskill_jax.agent.episode import EpisodeSpec, run_episodes
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.rl.learner import Learner, LearnerConfig
@@ -168,23 +168,31 @@ def warm_start(config: RunConfig, workdir: str | Path, base: Path, world: World,
 
     tokenizer = load_tokenizer(base)
     lang = config.sim.catalog.lang
-    tasks = [int(t) for t in world.splits.train[: ws.num_demos]]
     bank = SkillBank.load(resolve_repo_path(config.skills.initial))
-    rng = np.random.default_rng([config.train.seed, _DEMOS])
-    contexts = (sample_contexts(bank, len(tasks), rng, lang, config.skills.masks)
-                if config.skills.mode != "none" else [GroupContext()] * len(tasks))
-    specs = [EpisodeSpec(t, group=i, skill_text=c.skill_text, skill_mask=c.skill_mask)
-             for i, (t, c) in enumerate(zip(tasks, contexts))]
-    demos = oracle_demonstrations([ShopEnv(world) for _ in specs], tokenizer, specs, config.agent)
-    demos = [d for d in demos if d.success]
+
+    def demonstrations(task_ids: Sequence[int], stream: int) -> list[Trajectory]:
+        rng = np.random.default_rng([config.train.seed, _DEMOS, stream])
+        contexts = (sample_contexts(bank, len(task_ids), rng, lang, config.skills.masks)
+                    if config.skills.mode != "none" else [GroupContext()] * len(task_ids))
+        specs = [EpisodeSpec(int(t), group=i, skill_text=c.skill_text, skill_mask=c.skill_mask)
+                 for i, (t, c) in enumerate(zip(task_ids, contexts))]
+        return oracle_demonstrations([ShopEnv(world) for _ in specs], tokenizer, specs, config.agent)
+
+    demos = [d for d in demonstrations(world.splits.train[: ws.num_demos], 0) if d.success]
     if not demos:
         raise ValueError(f"no oracle demonstration succeeded within agent.max_turns={config.agent.max_turns} and "
                          f"agent.max_context_tokens={config.agent.max_context_tokens}; raise them")
     log.info("warm start on %d successful oracle demonstrations", len(demos))
     model = load_policy(config, base)
     with MetricsWriter(sft_dir) as writer, Checkpointer(sft_dir / "checkpoints") as ckpt:
-        run_sft(model, demos, ws.sft, pad_id=tokenizer.pad_token_id, writer=writer, checkpointer=ckpt,
-                progress=progress)
+        result = run_sft(model, demos, ws.sft, pad_id=tokenizer.pad_token_id, writer=writer, checkpointer=ckpt,
+                         progress=progress)
+        heldout = demonstrations(world.splits.validation[: ws.heldout_demos], 1) if ws.heldout_demos else []
+        if heldout:
+            agree = oracle_agreement(model, heldout, world.catalog, pad_id=tokenizer.pad_token_id)
+            writer.write(int(result.state.step), {f"eval/sft_agree_{k}": v for k, v in agree.items()})
+            log.info("warm start on %d held-out oracle runs: chance of sampling the oracle's action: %s", len(heldout),
+                     ", ".join(f"{k} {v:.2f}" for k, v in agree.items()))
     return _publish(out, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
 
 

@@ -109,10 +109,13 @@ class WarmStartConfig:
       enabled: run SFT on oracle demonstrations before GRPO.
       num_demos: demonstrations (training tasks, in the data order).
       sft: the supervised update (optimizer, batch, epochs).
+      heldout_demos: validation tasks whose oracle runs score the warm start afterwards: per
+        action kind, the chance it samples the oracle's reply (metrics `eval/sft_agree_<kind>`).
     """
 
     enabled: bool = False
     num_demos: int = 256
+    heldout_demos: int = 32
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
 
 

@@ -33,6 +33,7 @@ SHORT = {
     "rollout.sampler.prefill_buckets": (64, 512), "rollout.sampler.decode_buckets": (32,),
     "rollout.sampling.max_new_tokens": 32, "eval.sampling.max_new_tokens": 32,
     "warm_start.num_demos": 16, "warm_start.sft.batch_size": 8, "warm_start.sft.epochs": 1,
+    "warm_start.heldout_demos": 4,
     "train.rounds": 2, "train.gate_every": 2, "train.groups_per_step": 2, "train.group_size": 2,
     "train.checkpoint_every": 1,
     "skills.validation_tasks": 16, "skills.analysts.max_proposals": 2, "skills.gate.bootstrap_resamples": 200,
@@ -83,6 +84,10 @@ def finished_run(tmp_path_factory):
 def test_two_rounds_record_masks_fit_the_gate_and_version_the_bank(finished_run):
     config, workdir = finished_run
     s0 = SkillBank.load(REPO / "skills" / "s0")
+    # The warm start is scored on held-out oracle runs: a chance per action kind.
+    agree = {k: v for row in read_metrics(workdir / "sft") for k, v in row.items() if k.startswith("eval/sft_agree_")}
+    assert {"eval/sft_agree_search", "eval/sft_agree_product"} <= agree.keys()
+    assert all(0.0 <= v <= 1.0 for v in agree.values())
     # Masks: every training episode carries the mask of its group (siblings share it).
     steps = config.train.steps
     for step in range(steps):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from sim.env import ShopEnv
 from sim.policies import OraclePolicy
 
@@ -38,3 +40,33 @@ def oracle_demonstrations(envs: Sequence[ShopEnv], tokenizer: Any, specs: Sequen
     engine = oracle_engine(envs, tokenizer, config.family, prefix)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=min(512, config.max_context_tokens - 1))
     return run_episodes(engine, envs, tokenizer, specs, sampling, config, episode_prefix=prefix)
+
+
+ACTION_KINDS = ("search", "product", "option", "navigate", "buy", "ask")
+_NAVIGATION = frozenset({"next >", "< prev", "back to search", "description", "features", "reviews"})
+
+
+def action_kind(action: str, catalog: Any) -> str:
+    """The decision an env action makes: one of ACTION_KINDS."""
+    verb, _, rest = action.partition("[")
+    if verb in ("search", "ask"):
+        return verb
+    value = rest.removesuffix("]").strip().lower()
+    if value == "buy now":
+        return "buy"
+    if value in _NAVIGATION:
+        return "navigate"
+    return "product" if catalog.index_of(value) is not None else "option"
+
+
+def oracle_agreement(model: Any, demos: Sequence[Trajectory], catalog: Any, *, pad_id: int) -> dict[str, float]:
+    """Per action kind, the mean chance that `model` samples (temperature 1) the oracle's exact
+    reply given the oracle's history: whether a warm start learned to act, kind by kind."""
+    from intraskill_jax.rl.sft import reply_logprobs
+
+    chances: dict[str, list[float]] = {k: [] for k in ACTION_KINDS}
+    for demo, replies in zip(demos, reply_logprobs(model, demos, pad_id=pad_id)):
+        for turn, logprob in zip(demo.turns, replies):
+            if turn.action is not None:
+                chances[action_kind(turn.action, catalog)].append(float(np.exp(logprob)))
+    return {k: float(np.mean(v)) for k, v in chances.items() if v}

@@ -47,6 +47,9 @@ class SFTConfig:
       seed: shuffling seed.
       length_multiple: padded lengths are `length_multiple * 2**k` (few compiled shapes).
       checkpoint_every: updates between checkpoints when a Checkpointer is given.
+      context_loss_weight: weight of every other token's next-token loss (prompts, pages), 0 =
+        replies only. A fresh model learns the shop's language, and to copy ids and values from
+        pages, far faster with it (the `prompt_loss_weight` / train-on-inputs of SFT tools).
     """
 
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(learning_rate=1e-5, warmup_steps=10))
@@ -55,11 +58,14 @@ class SFTConfig:
     seed: int = 0
     length_multiple: int = 128
     checkpoint_every: int = 50
+    context_loss_weight: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs", "length_multiple", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SFTConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.context_loss_weight <= 1.0:
+            raise ValueError(f"SFTConfig.context_loss_weight must be in [0, 1], got {self.context_loss_weight}")
 
     def num_updates(self, num_trajectories: int) -> int:
         return self.epochs * math.ceil(num_trajectories / self.batch_size)
@@ -78,7 +84,12 @@ def sft_batches(trajectories: Sequence[Trajectory], config: SFTConfig, *, pad_id
         order = np.random.default_rng([config.seed, epoch]).permutation(len(trajectories))
         for start in range(0, len(order), config.batch_size):
             chosen = [trajectories[i] for i in order[start:start + config.batch_size]]
-            batch = train_batch(collate(chosen, pad_id, multiple=config.length_multiple))
+            collated = collate(chosen, pad_id, multiple=config.length_multiple)
+            batch = train_batch(collated)
+            if config.context_loss_weight:
+                context = train_batch({**collated, "loss_mask": collated["attention_mask"]}).loss_mask
+                batch = batch._replace(loss_mask=np.where(batch.loss_mask > 0, batch.loss_mask,
+                                                          config.context_loss_weight * context))
             yield pad_rows(batch, config.batch_size)
 
 
@@ -135,17 +146,32 @@ def run_sft(model: nnx.Module, trajectories: Sequence[Trajectory], config: SFTCo
 
 
 @nnx.jit
-def _masked_logprob_sum(model: nnx.Module, batch: TrainBatch) -> tuple[jax.Array, jax.Array]:
-    logprobs = token_logprobs(model, batch.input_ids, batch.targets, batch.attention_mask)
-    return (logprobs * batch.loss_mask).sum(), batch.loss_mask.sum()
+def _masked_logprobs(model: nnx.Module, batch: TrainBatch) -> jax.Array:
+    return token_logprobs(model, batch.input_ids, batch.targets, batch.attention_mask) * batch.loss_mask
+
+
+def reply_logprobs(model: nnx.Module, trajectories: Sequence[Trajectory], *, pad_id: int,
+                   batch_size: int = 8) -> list[list[float]]:
+    """Per trajectory, the log-likelihood of each reply (each run of sampled tokens) under `model`.
+
+    exp() of one is the chance that sampling at temperature 1 writes exactly that reply, given
+    the trajectory's history (teacher forcing).
+    """
+    out = []
+    for start in range(0, len(trajectories), batch_size):
+        chunk = trajectories[start:start + batch_size]
+        batch = pad_rows(train_batch(collate(chunk, pad_id)), batch_size)
+        lp = np.asarray(_masked_logprobs(model, jax.tree.map(np.asarray, batch)))
+        for row, traj in zip(lp, chunk):
+            sampled = np.asarray(traj.loss_mask, bool)
+            edges = np.flatnonzero(np.diff(np.concatenate([[False], sampled, [False]]).astype(int)))
+            # Prediction t scores token t + 1, so tokens [i, j) are scored at [i - 1, j - 1).
+            out.append([float(row[i - 1:j - 1].sum()) for i, j in zip(edges[::2], edges[1::2])])
+    return out
 
 
 def assistant_logprob(model: nnx.Module, trajectories: Sequence[Trajectory], *, pad_id: int,
                       batch_size: int = 8) -> float:
     """Mean log-likelihood per trainable (assistant) token under `model` (an evaluation helper)."""
-    total, count = 0.0, 0.0
-    for start in range(0, len(trajectories), batch_size):
-        batch = pad_rows(train_batch(collate(trajectories[start:start + batch_size], pad_id)), batch_size)
-        s, n = _masked_logprob_sum(model, jax.tree.map(np.asarray, batch))
-        total, count = total + float(s), count + float(n)
-    return total / max(count, 1.0)
+    total = sum(sum(r) for r in reply_logprobs(model, trajectories, pad_id=pad_id, batch_size=batch_size))
+    return total / max(sum(sum(t.loss_mask) for t in trajectories), 1)

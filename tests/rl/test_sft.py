@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from intraskill_jax.agent.demos import oracle_demonstrations
+from intraskill_jax.agent.demos import action_kind, oracle_agreement, oracle_demonstrations
 from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.metrics import MetricsWriter, read_metrics
 from intraskill_jax.models import ModelConfig, causal_lm_class
 from intraskill_jax.rl import train_step as ts
-from intraskill_jax.rl.sft import SFTConfig, assistant_logprob, run_sft, sft_batches
+from intraskill_jax.rl.sft import SFTConfig, assistant_logprob, reply_logprobs, run_sft, sft_batches
 from intraskill_jax.tokenization import train_tokenizer
 from sim.config import CatalogConfig, SimConfig, SplitConfig
 from sim.env import ShopEnv
@@ -23,10 +25,15 @@ from sim.world import build_world
 AGENT = AgentConfig(family="qwen3", max_observation_chars=400, show_affordances=False, max_turns=10)
 
 
+@functools.cache
+def _world():
+    return build_world(SimConfig(catalog=CatalogConfig(num_products=300, persona_fraction=0.0),
+                                 splits=SplitConfig(num_test=20, num_validation=10)))
+
+
 @pytest.fixture(scope="module")
 def demos():
-    world = build_world(SimConfig(catalog=CatalogConfig(num_products=300, persona_fraction=0.0),
-                                  splits=SplitConfig(num_test=20, num_validation=10)))
+    world = _world()
 
     def play(tokenizer, task_ids):
         specs = [EpisodeSpec(int(t)) for t in task_ids]
@@ -37,7 +44,7 @@ def demos():
     rough = train_tokenizer(texts, vocab_size=600, family="qwen3")
     corpus = [rough.decode(t.token_ids) for t in play(rough, world.splits.train[100:140])]
     tokenizer = train_tokenizer(texts + corpus, vocab_size=1000, family="qwen3")
-    trajectories = [t for t in play(tokenizer, world.splits.train[:30]) if len(t.token_ids) <= 1024][:6]
+    trajectories = [t for t in play(tokenizer, world.splits.train[:60]) if len(t.token_ids) <= 1024][:6]
     assert len(trajectories) == 6 and all(t.success for t in trajectories)
     return tokenizer, trajectories
 
@@ -98,3 +105,50 @@ def test_loss_counts_only_assistant_tokens(demos):
     one = batch.targets.copy()
     one[b, t] = (one[b, t] + 1) % len(tokenizer)
     assert float(loss(model, batch._replace(targets=one))) != base
+
+
+def test_context_loss_weight_trains_every_real_token(demos):
+    tokenizer, trajectories = demos
+    pad = tokenizer.pad_token_id
+    plain = next(sft_batches(trajectories, SFTConfig(batch_size=3), pad_id=pad))
+    mixed = next(sft_batches(trajectories, SFTConfig(batch_size=3, context_loss_weight=0.25), pad_id=pad))
+    # A prediction is real when the token it predicts is a real token.
+    real = np.concatenate([plain.attention_mask[:, 1:], np.zeros_like(plain.attention_mask[:, :1])], axis=1) > 0
+    expected = np.where(plain.loss_mask > 0, 1.0, np.where(real, 0.25, 0.0))
+    np.testing.assert_array_equal(mixed.loss_mask, expected)
+    assert (mixed.loss_mask == 0.25).sum() > 2 * (mixed.loss_mask == 1.0).sum()
+    with pytest.raises(ValueError, match="context_loss_weight"):
+        SFTConfig(context_loss_weight=1.5)
+
+
+def test_reply_logprobs_sum_each_reply_from_full_logits(demos):
+    tokenizer, trajectories = demos
+    model = _model(tokenizer)
+    got = reply_logprobs(model, trajectories[:3], pad_id=tokenizer.pad_token_id, batch_size=2)
+    for traj, replies in zip(trajectories[:3], got):
+        ids = np.asarray(traj.token_ids)
+        logp = np.asarray(jax.nn.log_softmax(model(jnp.asarray(ids[None]))))[0]
+        token_lp = np.concatenate([[0.0], logp[np.arange(len(ids) - 1), ids[1:]]])  # token i given ids[:i]
+        mask = np.asarray(traj.loss_mask)
+        starts = [i for i in range(len(ids)) if mask[i] and (i == 0 or not mask[i - 1])]
+        ends = [i + 1 for i in range(len(ids)) if mask[i] and (i + 1 == len(ids) or not mask[i + 1])]
+        assert len(replies) == len(traj.turns) == len(starts)
+        np.testing.assert_allclose(replies, [token_lp[i:j].sum() for i, j in zip(starts, ends)], rtol=1e-4)
+
+
+def test_oracle_agreement_groups_reply_chances_by_action_kind(demos):
+    tokenizer, trajectories = demos
+    catalog = _world().catalog
+    asin = catalog.asin(7)
+    assert [action_kind(a, catalog) for a in (f"click[{asin}]", "click[Blue]", "click[< prev]", "click[buy now]",
+                                              "search[blue pillow]", "ask[which size?]", "click[1234]")] == \
+        ["product", "option", "navigate", "buy", "search", "ask", "option"]
+    model = _model(tokenizer)
+    got = oracle_agreement(model, trajectories, catalog, pad_id=tokenizer.pad_token_id)
+    chances: dict[str, list[float]] = {}
+    for traj, replies in zip(trajectories, reply_logprobs(model, trajectories, pad_id=tokenizer.pad_token_id)):
+        for turn, lp in zip(traj.turns, replies):
+            chances.setdefault(action_kind(turn.action, catalog), []).append(np.exp(lp))
+    assert {"search", "product", "buy"} <= got.keys() == chances.keys()
+    for kind, values in chances.items():
+        assert got[kind] == pytest.approx(np.mean(values))
