@@ -48,8 +48,8 @@ class SFTConfig:
       length_multiple: padded lengths are `length_multiple * 2**k` (few compiled shapes).
       checkpoint_every: updates between checkpoints when a Checkpointer is given.
       context_loss_weight: weight of every other token's next-token loss (prompts, pages), 0 =
-        replies only. A fresh model learns the shop's language, and to copy ids and values from
-        pages, far faster with it (the `prompt_loss_weight` / train-on-inputs of SFT tools).
+        replies only: a fresh model can learn the shop's language from its pages too (the
+        `prompt_loss_weight` / train-on-inputs option of SFT tools).
     """
 
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(learning_rate=1e-5, warmup_steps=10))
@@ -166,7 +166,7 @@ def reply_logprobs(model: nnx.Module, trajectories: Sequence[Trajectory], *, pad
             sampled = np.asarray(traj.loss_mask, bool)
             edges = np.flatnonzero(np.diff(np.concatenate([[False], sampled, [False]]).astype(int)))
             # Prediction t scores token t + 1, so tokens [i, j) are scored at [i - 1, j - 1).
-            out.append([float(row[i - 1:j - 1].sum()) for i, j in zip(edges[::2], edges[1::2])])
+            out.append([float(row[max(i - 1, 0):j - 1].sum()) for i, j in zip(edges[::2], edges[1::2])])
     return out
 
 
