@@ -34,8 +34,8 @@ class CatalogConfig:
       products_per_subcategory: size of each group of near-identical products.
       lang: surface language of every generated text.
       persona_fraction: share of tasks that carry a user profile and a hidden requirement.
-      id_digits: length of product ids (ShopSimulator's are 12 digits); shorter ids are easier
-        for a tiny policy to copy (the CPU quickstart). Needs num_products <= 10**(id_digits-1).
+      id_digits: length of product ids (ShopSimulator's are 12 digits); shorter ids shorten pages
+        and clicks. Needs num_products <= 10**(id_digits-1).
       items_path: a ShopSimulator `items_*.json[.gz]` or WebShop `items_shuffle*.json` file.
       instructions_path: WebShop's `items_human_ins.json` (only with a WebShop items file).
     """

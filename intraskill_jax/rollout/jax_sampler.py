@@ -34,7 +34,6 @@ from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingPar
 from intraskill_jax.rollout.sampling import sample_tokens
 
 
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplerConfig:
     """Attributes:
