@@ -79,7 +79,8 @@ def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path
     from intraskill_jax.models.params import save_pretrained
     from intraskill_jax.tokenization import train_tokenizer
 
-    tokenizer = train_tokenizer(_corpus(config, world), vocab_size=config.policy.tokenizer_vocab_size, family="qwen3_5")
+    tokenizer = train_tokenizer(_corpus(config, world), vocab_size=config.policy.tokenizer_vocab_size, family="qwen3_5",
+                                template=config.policy.chat_template)
     model_config = ModelConfig.tiny_qwen3_5(**{**config.policy.init, "vocab_size": len(tokenizer)})
     model = causal_lm_class(model_config)(model_config, rngs=nnx.Rngs(config.train.seed))
     _publish(base, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
@@ -103,7 +104,8 @@ def _corpus(config: RunConfig, world: World, episodes: int = 300) -> list[str]:
     # pages beside it. Special tokens are single ids already, so they are not corpus text.
     rendered, _ = render_jinja_template(
         [[{"role": "system", "content": system_prompt(lang, mode, bank.render(bank.full_mask(), lang))}]],
-        tools=tools_for(mode), chat_template=chat_template("qwen3_5"), add_generation_prompt=True)
+        tools=tools_for(mode), chat_template=chat_template("qwen3_5", config.policy.chat_template),
+        add_generation_prompt=True)
     system = rendered[0]
     for token in SPECIAL_TOKENS:
         system = system.replace(token, "\n")
@@ -189,7 +191,8 @@ def warm_start(config: RunConfig, workdir: str | Path, base: Path, world: World,
                          progress=progress)
         heldout = demonstrations(world.splits.validation[: ws.heldout_demos], 1) if ws.heldout_demos else []
         if heldout:
-            agree = oracle_agreement(model, heldout, world.catalog, pad_id=tokenizer.pad_token_id)
+            agree = oracle_agreement(model, heldout, world.catalog, pad_id=tokenizer.pad_token_id,
+                                     result_labels=config.sim.env.result_labels)
             writer.write(int(result.state.step), {f"eval/sft_agree_{k}": v for k, v in agree.items()})
             log.info("warm start on %d held-out oracle runs: chance of sampling the oracle's action: %s", len(heldout),
                      ", ".join(f"{k} {v:.2f}" for k, v in agree.items()))
@@ -233,7 +236,8 @@ class Coevolution:
     """One training run in `workdir`; `run()` trains to the end (resuming whatever is there)."""
 
     def __init__(self, config: RunConfig, workdir: str | Path, *, progress: bool = True,
-                 world: World | None = None, mesh: Any = None):
+                 world: World | None = None, mesh: Any = None, engine: RolloutEngine | None = None):
+        """`engine` replaces the configured rollout engine (e.g. a scripted policy in a test)."""
         self.config, self.workdir, self.progress = config, Path(workdir), progress
         self.workdir.mkdir(parents=True, exist_ok=True)
         _check_config_unchanged(config, self.workdir)
@@ -249,7 +253,7 @@ class Coevolution:
 
             mesh = make_mesh(config.mesh)
         model = load_policy(config, self.policy_path, mesh)
-        self.engine = make_engine(config, model)
+        self.engine = engine if engine is not None else make_engine(config, model)
         self.analyst = make_analyst(config)
         self.validation = [int(t) for t in self.world.splits.validation[: config.skills.validation_tasks]]
         if config.skills.mode == "coevolve" and len(self.validation) < config.skills.validation_tasks:
@@ -258,7 +262,8 @@ class Coevolution:
         self.bank = self._load_bank()
         t = config.train
         self.learner = Learner(
-            model, self.tokenizer, self.world, self.engine, self.workdir,
+            model, self.tokenizer, self.engine, self.workdir, tasks=self.world.splits.train,
+            make_env=lambda: ShopEnv(self.world),
             config=LearnerConfig(steps=t.steps, groups_per_step=t.groups_per_step, group_size=t.group_size,
                                  sampling=config.rollout.sampling, scale_by_std=t.scale_by_std,
                                  checkpoint_every=t.checkpoint_every, seed=t.seed,

@@ -12,6 +12,7 @@ resumed run (same --workdir) continues from its last checkpoint; its config must
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -62,18 +63,17 @@ def _train(config, workdir, progress):
 
 
 def _eval(config, workdir, progress):
-    from intraskill_jax.analysis.results import (
-        condition_table,
-        format_comparisons,
-        format_condition_table,
-        paired_comparisons,
-    )
     from intraskill_jax.evaluate import evaluate, parse_condition
 
     conditions = [parse_condition(c) for c in _CONDITIONS.value] if _CONDITIONS.value else None
-    rows = evaluate(config, workdir, conditions, progress=progress)
-    print(format_condition_table(condition_table(rows)))
-    print(format_comparisons(paired_comparisons(rows)))
+    evaluate(config, workdir, conditions, progress=progress)
+
+
+def _summary(workdir):
+    """The run's front page; it holds the condition table and paired comparisons `eval` wrote."""
+    from intraskill_jax.analysis.summary import format_summary
+
+    print("\n" + format_summary(workdir))
 
 
 def _rank(config, workdir, progress):
@@ -131,6 +131,7 @@ def main(argv: list[str]) -> None:
         _train(config, workdir, progress)
     elif command == "eval":
         _eval(config, workdir, progress)
+        _summary(workdir)
     elif command == "rank":
         _rank(config, workdir, progress)
     elif command == "multiseed":
@@ -141,10 +142,47 @@ def main(argv: list[str]) -> None:
         _train(config, workdir, progress)
         _eval(config, workdir, progress)
         report.main(["--workdir", str(workdir)])
+        _summary(workdir)
     else:
         raise app.UsageError(f"unknown command {command!r}")
 
 
+_SECTIONS = ", ".join(f.name for f in dataclasses.fields(runconfig.RunConfig) if f.name != "name")
+QUICKSTART_USAGE = f"""\
+usage: intraskill quickstart [--workdir=DIR] [--quiet] [--config.FIELD=VALUE ...]
+
+Train, evaluate and report in one command on the CPU default: a tiny Qwen3.5-architecture policy,
+SFT warm start, co-evolution rounds with the skill bank and the gate, the four test conditions,
+then the report; it ends with a summary of the run. A rerun with the same --workdir resumes.
+
+flags:
+  --workdir=DIR           run directory (default: runs/quickstart)
+  --quiet                 no progress bars
+  --config.FIELD=VALUE    override one field of configs/quickstart.py, e.g.
+                            --config.train.rounds=4 --config.train.gate_every=20
+                            --config.eval.num_tasks=50 --config.sim.env.reward=strict
+                          sections: {_SECTIONS}
+                          (every field: configs/quickstart.py and intraskill_jax/runconfig.py)
+  --config=FILE           start from another config file instead of configs/quickstart.py
+  --conditions=A,B        evaluate only these conditions (as `intraskill eval`)
+
+config file: {QUICKSTART}
+"""
+
+
+def _quickstart_args(args: list[str]) -> list[str]:
+    """Makes `--config.FIELD=VALUE` work without `--config=FILE`: absl only knows the override
+    flags of a config file it was given."""
+    if any(a == "--config" or a.startswith("--config=") for a in args):
+        return args
+    return [f"--config={QUICKSTART}", *args]
+
+
 def run(command: str, args: list[str]) -> None:
+    if command == "quickstart":
+        if any(a in ("-h", "--help", "-help", "--helpshort") for a in args):
+            print(QUICKSTART_USAGE, end="")
+            raise SystemExit(0)
+        args = _quickstart_args(args)
     sys.argv = [f"intraskill {command}", *args]
     app.run(lambda argv: main([argv[0], command, *argv[1:]]), argv=sys.argv)

@@ -54,6 +54,9 @@ class PolicyConfig:
         through the same path a real checkpoint takes.
       init: `ModelConfig` fields over `ModelConfig.tiny_qwen3_5` for the fresh model.
       tokenizer_vocab_size: vocabulary of the tokenizer trained for the fresh model.
+      chat_template: the fresh tokenizer's chat template: 'full' (the family's tool preamble, ~300
+        tokens) or 'compact' (one line of tool signatures and the call format, ~40 tokens). A
+        checkpoint from `path` always brings its own template.
       dtype: compute dtype; 'auto' is float32 on CPU and bfloat16 on GPU/TPU.
       remat: activation checkpointing of the decoder layers ('none', 'full').
       gdn_chunk_size, attention_block_size: kernel shapes (`ModelConfig`); 64 and 0 suit GPU/TPU,
@@ -63,6 +66,7 @@ class PolicyConfig:
     path: str = ""
     init: dict[str, Any] = dataclasses.field(default_factory=dict)
     tokenizer_vocab_size: int = 2048
+    chat_template: Literal["full", "compact"] = "full"
     dtype: str = "auto"
     remat: str = "none"
     gdn_chunk_size: int = 64
@@ -71,6 +75,8 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"policy.dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        if self.chat_template not in ("full", "compact"):
+            raise ConfigError(f"policy.chat_template must be 'full' or 'compact', got {self.chat_template!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 Family = Literal["qwen3_5", "qwen3"]
+TemplateStyle = Literal["full", "compact"]
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
@@ -210,6 +211,22 @@ _TOOLS_PREAMBLE = {
 }
 
 
+# The compact preamble lists each tool as name(required parameters) and shows the call format
+# once: ~40 tokens instead of ~300, for small policies whose context is short (the CPU quickstart).
+_CALL_FORMAT = {
+    "qwen3_5": "<tool_call>\\n<function=NAME>\\n<parameter=ARGUMENT>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>",
+    "qwen3": "<tool_call>\\n{\"name\": NAME, \"arguments\": {ARGUMENT: value}}\\n</tool_call>",
+}
+
+
+def _compact_preamble(family: Family) -> str:
+    return (
+        "{{- 'Tools: ' }}{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool %}"
+        "{{- f.name + '(' + (f.parameters.required | join(', ')) + ')' }}{%- if not loop.last %}{{- ', ' }}{%- endif %}"
+        "{%- endfor %}{{- '. Call one per turn as:\\n" + _CALL_FORMAT[family] + "' }}"
+    )
+
+
 def _assistant_calls(family: Family) -> str:
     if family == "qwen3_5":
         return (
@@ -228,13 +245,20 @@ def _assistant_calls(family: Family) -> str:
     )
 
 
-def chat_template(family: Family) -> str:
+def chat_template(family: Family, style: TemplateStyle = "full") -> str:
     """A Jinja chat template in the family's documented format (ChatML turns, tools in the system
-    turn, tool results inside user turns, an empty think block on assistant turns)."""
+    turn, tool results inside user turns, an empty think block on assistant turns).
+
+    `style='compact'` shortens only the tool preamble of the system turn (see `_compact_preamble`);
+    every turn after it, and so every sampled or appended token, is the same in both styles.
+    """
+    if style not in ("full", "compact"):
+        raise ValueError(f"template style must be 'full' or 'compact', got {style!r}")
+    preamble = _TOOLS_PREAMBLE[family] if style == "full" else _compact_preamble(family)
     return (
         "{%- if messages[0].role == 'system' %}{%- set sys = messages[0].content | trim %}{%- set rest = messages[1:] %}"
         "{%- else %}{%- set sys = '' %}{%- set rest = messages %}{%- endif %}"
-        "{%- if tools %}{{ '<|im_start|>system\\n' }}" + _TOOLS_PREAMBLE[family] +
+        "{%- if tools %}{{ '<|im_start|>system\\n' }}" + preamble +
         "{%- if sys %}{{ '\\n\\n' + sys }}{%- endif %}{{ '<|im_end|>\\n' }}"
         "{%- elif sys %}{{ '<|im_start|>system\\n' + sys + '<|im_end|>\\n' }}{%- endif %}"
         "{%- for message in rest %}"
@@ -258,8 +282,9 @@ QWEN_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p
                       r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def train_tokenizer(texts, vocab_size: int, family: Family = "qwen3_5"):
-    """Trains a byte-level BPE tokenizer on `texts` with the family's special tokens and template.
+def train_tokenizer(texts, vocab_size: int, family: Family = "qwen3_5", template: TemplateStyle = "full"):
+    """Trains a byte-level BPE tokenizer on `texts` with the family's special tokens and template
+    (`chat_template(family, template)`).
 
     Returns a `transformers.PreTrainedTokenizerFast` (save it with `save_pretrained`), so a model
     built here loads through exactly the path a real checkpoint uses.
@@ -288,6 +313,6 @@ def train_tokenizer(texts, vocab_size: int, family: Family = "qwen3_5"):
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (IM_END, ENDOFTEXT)],
-        chat_template=chat_template(family),
+        chat_template=chat_template(family, template),
         clean_up_tokenization_spaces=False,
     )

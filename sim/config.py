@@ -156,6 +156,10 @@ class EnvConfig:
         yet revealed every requirement (the shopper always *says* no; this makes it binding).
       show_detail_pages: expose Description/Features/Reviews pages.
       reward: the episode reward returned by the env: 'strict' (the study's) or 'loose' (upstream).
+      result_labels: how a results page names its products, which is also what clicks them:
+        'asin' (the product id, as ShopSimulator and WebShop do) or 'rank' (1, 2, ... down each
+        page). 'rank' spares a policy copying a long id from the page, which a small model
+        trained from scratch does not learn in minutes (the CPU quickstart's setting).
     """
 
     mode: Mode = "single"
@@ -167,9 +171,12 @@ class EnvConfig:
     enforce_confirmation: bool = False
     show_detail_pages: bool = True
     reward: Literal["strict", "loose"] = "strict"
+    result_labels: Literal["asin", "rank"] = "asin"
 
     def __post_init__(self) -> None:
         _check(self.reward in ("strict", "loose"), f"env.reward must be 'strict' or 'loose', got {self.reward!r}")
+        _check(self.result_labels in ("asin", "rank"),
+               f"env.result_labels must be 'asin' or 'rank', got {self.result_labels!r}")
         _check(self.mode in ("single", "multi"), f"env.mode must be 'single' or 'multi', got {self.mode!r}")
         _check(self.results_top_n >= 1, f"env.results_top_n must be >= 1, got {self.results_top_n}")
         _check(self.page_size >= 1, f"env.page_size must be >= 1, got {self.page_size}")

@@ -132,7 +132,7 @@ class ShopEnv:
                 out.append("next >")
             # Clicks are compared lower-cased, so asins are listed lower-cased too (WebShop's are
             # upper-case: B07...; the page still shows them as they are, as WebShop does).
-            out.extend(catalog[page.results[i]].asin.lower() for i in self._page_slice())
+            out.extend(label.lower() for label in self._result_labels())
             return out
         if page.kind == "item":
             out = ["back to search", "< prev"]
@@ -189,7 +189,8 @@ class ShopEnv:
             else:
                 self.page = dataclasses.replace(page, kind="item", detail="")
         elif page.kind == "results":
-            index = self.world.catalog.index_of(v)
+            labels = [label.lower() for label in self._result_labels()]
+            index = page.results[self._page_slice()[labels.index(v)]]
             self.page = dataclasses.replace(page, kind="item", product=index, selected={})
             self.stats.product_visits += 1
         elif v == "buy now":
@@ -228,7 +229,23 @@ class ShopEnv:
         label = render.LABELS[self.lang]["shopper"]
         return StepResult(f"{label}: {reply}\n{self._render()}", 0.0, False, self._info())
 
+    def result_button(self, index: int) -> str:
+        """The button that opens product `index` from the current results page (its asin or rank)."""
+        if self.page.kind != "results":
+            raise ValueError(f"result_button needs a results page, not {self.page.kind!r}")
+        shown = [self.page.results[i] for i in self._page_slice()]
+        if index not in shown:
+            raise ValueError(f"product {index} is not on the current results page")
+        return self._result_labels()[shown.index(index)]
+
     # -- observations ------------------------------------------------------------------------
+
+    def _result_labels(self) -> list[str]:
+        """The label of each product on the current results page, in page order."""
+        page_slice = self._page_slice()
+        if self.config.result_labels == "rank":
+            return [str(k + 1) for k in range(len(page_slice))]
+        return [self.world.catalog[self.page.results[i]].asin for i in page_slice]
 
     def _page_slice(self) -> range:
         size = self.config.page_size
@@ -242,7 +259,7 @@ class ShopEnv:
         if page.kind == "results":
             products = [catalog[page.results[i]] for i in self._page_slice()]
             has_next = page.page * self.config.page_size < len(page.results)
-            return render.results_page(products, page.page, len(page.results), has_next)
+            return render.results_page(products, page.page, len(page.results), has_next, self._result_labels())
         product = catalog[page.product]
         if page.kind == "item":
             return render.item_page(self.lang, product, page.selected, self.config.show_detail_pages)

@@ -89,7 +89,7 @@ class OraclePolicy:
             start = (page.page - 1) * size
             for index in page.results[start : start + size]:
                 if self._satisfies(env, index):
-                    return f"click[{env.world.catalog[index].asin}]"
+                    return f"click[{env.result_button(index)}]"
             if page.page * size < len(page.results):
                 return "click[next >]"
             self.fallback_used = True
@@ -131,7 +131,7 @@ class HeuristicPolicy:
         if page.kind == "results":
             if not page.results:
                 return "click[back to search]"
-            return f"click[{env.world.catalog[page.results[(page.page - 1) * env.config.page_size]].asin}]"
+            return f"click[{env.result_button(page.results[(page.page - 1) * env.config.page_size])}]"
         if page.kind == "detail":
             return "click[< prev]"
         product = env.world.catalog[page.product]

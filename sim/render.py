@@ -34,14 +34,16 @@ def start_page(lang: str, instruction: str | None) -> str:
     return SEP.join(("WebShop", LABELS[lang]["instruction"], instruction, "Search"))
 
 
-def results_page(products: Sequence[Product], page: int, total: int, has_next: bool) -> str:
+def results_page(products: Sequence[Product], page: int, total: int, has_next: bool,
+                 labels: Sequence[str] | None = None) -> str:
+    """`labels` name the products (the buttons that open them); their asins by default."""
     parts = [BACK, f"Page {page} (Total results: {total})"]
     if page > 1:
         parts.append(PREV)
     if has_next:
         parts.append(NEXT)
-    for p in products:
-        parts += (p.asin, p.title, p.list_price_text)
+    for p, label in zip(products, labels or [p.asin for p in products]):
+        parts += (label, p.title, p.list_price_text)
     return SEP.join(parts)
 
 

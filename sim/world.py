@@ -16,7 +16,12 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Splits:
-    """Task ids of each split: a seeded permutation, test carved first, then validation."""
+    """Task ids of each split: a seeded permutation, test carved first, then validation.
+
+    Each split keeps the permutation's order, so any prefix (`test[:n]`, `train[:n]`) is a
+    uniform sample of its split. Task ids follow the catalog, whose neighbours are near-identical
+    products; a sorted split's prefix would hold only the first few product types.
+    """
 
     train: np.ndarray
     validation: np.ndarray
@@ -30,9 +35,9 @@ class Splits:
                 f"catalog has {num_tasks}: lower splits.num_test/num_validation or raise catalog.num_products"
             )
         perm = np.random.default_rng(seed).permutation(num_tasks)
-        test = np.sort(perm[:num_test])
-        val = np.sort(perm[num_test : num_test + num_validation])
-        train = np.sort(perm[num_test + num_validation :])
+        test = perm[:num_test]
+        val = perm[num_test : num_test + num_validation]
+        train = perm[num_test + num_validation :]
         return cls(train=train, validation=val, test=test)
 
     def __getitem__(self, name: str) -> np.ndarray:

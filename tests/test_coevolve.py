@@ -153,7 +153,8 @@ def test_evaluation_report_and_bundle(finished_run):
     assert all(tasks == conds["base_bare"] for tasks in conds.values())  # paired on the same tasks
     skills = {r["condition"]: r["skill"] for r in rows}
     assert skills["base_bare"] == skills["trained_bare"] == "none"
-    assert skills["base_skill"] == "s0" and skills["trained_skill"] == f"s{config.train.rounds}"
+    initial = SkillBank.load(REPO / config.skills.initial)
+    assert skills["base_skill"] == initial.name and skills["trained_skill"] == f"s{config.train.rounds}"
     check = check_bundle(workdir / "bundle")  # raises, naming the file, on any mismatch
     assert check.files > 5 and check.values > 0
     assert (workdir / "report" / "index.html").is_file()
@@ -168,33 +169,30 @@ def _train_cmd(workdir):
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_sigkilled_runs_resume_to_the_same_decisions_and_metrics(finished_run, tmp_path):
-    """Kill the trainer at seeded random moments (rollout, update, gate, checkpoint writes alike),
-    resume each time, and compare the finished run with the uninterrupted one."""
+    """Kill the trainer with SIGKILL as soon as a step's episodes are on disk (its update, weight
+    push and checkpoint still to come), twice at two different steps, resume each time, and
+    compare the finished run with the uninterrupted one."""
     config, reference = finished_run
     workdir = tmp_path / "killed"
     # Start from the reference's policy and warm start (those phases resume on their own); train.
     for part in ("base", "sft"):
         shutil.copytree(reference / part, workdir / part, ignore=shutil.ignore_patterns("checkpoints", "tb"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    rng = np.random.default_rng(0)
     kills = 0
-    while kills < 2:
+    for step in range(config.train.gate_every):
+        marker = rundir.rollouts_path(workdir, step)
         proc = subprocess.Popen(_train_cmd(workdir), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
-        # Wait for training to start (rollouts directory) before the kill clock runs.
         deadline = time.time() + 600
-        while not (workdir / "rollouts").exists() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.5)
-        try:
-            proc.wait(timeout=float(rng.uniform(5, 40)))
-            break  # finished before the kill
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            kills += 1
+        while not marker.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None, f"the run ended before step {step}'s episodes were written"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
     done = subprocess.run(_train_cmd(workdir), cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert kills >= 1
+    assert kills == config.train.gate_every
     a = json.loads(rundir.gate_path(reference, 0).read_text())
     b = json.loads(rundir.gate_path(workdir, 0).read_text())
     assert [(d["column"], d["action"]) for d in a["decisions"]] == [(d["column"], d["action"]) for d in b["decisions"]]

@@ -46,8 +46,9 @@ ACTION_KINDS = ("search", "product", "option", "navigate", "buy", "ask")
 _NAVIGATION = frozenset({"next >", "< prev", "back to search", "description", "features", "reviews"})
 
 
-def action_kind(action: str, catalog: Any) -> str:
-    """The decision an env action makes: one of ACTION_KINDS."""
+def action_kind(action: str, catalog: Any, result_labels: str = "asin") -> str:
+    """The decision an env action makes: one of ACTION_KINDS. `result_labels` is the env's
+    (`EnvConfig.result_labels`): with 'rank', a click on a number opens a product."""
     verb, _, rest = action.partition("[")
     if verb in ("search", "ask"):
         return verb
@@ -56,10 +57,13 @@ def action_kind(action: str, catalog: Any) -> str:
         return "buy"
     if value in _NAVIGATION:
         return "navigate"
-    return "product" if catalog.index_of(value) is not None else "option"
+    if catalog.index_of(value) is not None or (result_labels == "rank" and value.isdigit()):
+        return "product"
+    return "option"
 
 
-def oracle_agreement(model: Any, demos: Sequence[Trajectory], catalog: Any, *, pad_id: int) -> dict[str, float]:
+def oracle_agreement(model: Any, demos: Sequence[Trajectory], catalog: Any, *, pad_id: int,
+                     result_labels: str = "asin") -> dict[str, float]:
     """Per action kind, the mean chance that `model` samples (temperature 1) the oracle's exact
     reply given the oracle's history: whether a warm start learned to act, kind by kind."""
     from intraskill_jax.rl.sft import reply_logprobs
@@ -68,5 +72,5 @@ def oracle_agreement(model: Any, demos: Sequence[Trajectory], catalog: Any, *, p
     for demo, replies in zip(demos, reply_logprobs(model, demos, pad_id=pad_id)):
         for turn, logprob in zip(demo.turns, replies):
             if turn.action is not None:
-                chances[action_kind(turn.action, catalog)].append(float(np.exp(logprob)))
+                chances[action_kind(turn.action, catalog, result_labels)].append(float(np.exp(logprob)))
     return {k: float(np.mean(v)) for k, v in chances.items() if v}

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from sim import render, reward
-from sim.env import ShopEnv
 
 from intraskill_jax.agent.prompts import system_prompt
 from intraskill_jax.agent.trajectory import Trajectory, Turn
@@ -57,6 +56,26 @@ class AgentConfig:
             raise ValueError("need max_turns >= 1, max_context_tokens >= 64, max_observation_chars >= 100")
 
 
+class Env(Protocol):
+    """What the episode runner needs of an environment (`sim.env.ShopEnv` is the real one).
+
+    `reset(task_id)` returns the first page with `info["view"]` (what the agent may know, e.g. a
+    `user_persona`); `step(action)` takes one WebShop-grammar action; a finished step's info holds
+    `reward_detail` (the reward components, `success` among them) and `stats` (a dict).
+    """
+
+    lang: str
+    config: Any  # EnvConfig: mode and reward are read
+    stats: Any  # a dataclass of episode counters
+    done: bool
+
+    def reset(self, task_id: int) -> Any: ...
+
+    def step(self, action: str) -> Any: ...
+
+    def available_actions(self) -> dict[str, Any]: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class EpisodeSpec:
     """One episode to run: the task, its group, and the skill text its group shares."""
@@ -69,7 +88,7 @@ class EpisodeSpec:
 
 def run_episodes(
     engine: RolloutEngine,
-    envs: Sequence[ShopEnv],
+    envs: Sequence[Env],
     tokenizer: Any,
     specs: Sequence[EpisodeSpec],
     sampling: SamplingParams,
@@ -129,7 +148,7 @@ def run_episodes(
     return trajs
 
 
-def _start(env: ShopEnv, tokenizer: Any, spec: EpisodeSpec, config: AgentConfig, episode_id: str) -> Trajectory:
+def _start(env: Env, tokenizer: Any, spec: EpisodeSpec, config: AgentConfig, episode_id: str) -> Trajectory:
     first = env.reset(spec.task_id)
     view = first.info["view"]
     system = system_prompt(env.lang, env.config.mode, spec.skill_text, view.get("user_persona"))
@@ -148,7 +167,7 @@ def _start(env: ShopEnv, tokenizer: Any, spec: EpisodeSpec, config: AgentConfig,
     return traj
 
 
-def _observation(env: ShopEnv, text: str, config: AgentConfig) -> str:
+def _observation(env: Env, text: str, config: AgentConfig) -> str:
     # Observations come from outside the policy: strip chat markup so they cannot forge turns.
     text = CONTROL_MARKUP.sub(" ", text)[: config.max_observation_chars]
     if config.show_affordances and not env.done:
@@ -157,7 +176,7 @@ def _observation(env: ShopEnv, text: str, config: AgentConfig) -> str:
     return text
 
 
-def _advance(env: ShopEnv, traj: Trajectory, completion: Any, tokenizer: Any, sampling: SamplingParams,
+def _advance(env: Env, traj: Trajectory, completion: Any, tokenizer: Any, sampling: SamplingParams,
              config: AgentConfig) -> None:
     traj.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
     traj.weight_versions.append(completion.weight_version)
@@ -197,7 +216,7 @@ def _advance(env: ShopEnv, traj: Trajectory, completion: Any, tokenizer: Any, sa
     traj.append(ids, sampled=False)
 
 
-def _end(traj: Trajectory, env: ShopEnv, info: dict[str, Any] | None,
+def _end(traj: Trajectory, env: Env, info: dict[str, Any] | None,
          truncated: Literal["turns", "context"] | None = None) -> None:
     traj.done = True
     if info is not None:

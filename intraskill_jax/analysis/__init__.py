@@ -11,4 +11,5 @@ Nothing here imports JAX or a model: a bundle can be checked and re-analysed on 
     plots.py      matplotlib figures (SVG and PNG) from figures.json
     site.py       the static offline site from a bundle
     report.py     `intraskill report`: bundle, plots and site in one command
+    summary.py    the run's front page as plain text (what quickstart and eval print last)
 """

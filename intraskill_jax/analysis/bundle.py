@@ -44,7 +44,9 @@ from intraskill_jax.analysis.rundata import (
 
 log = logging.getLogger(__name__)
 
-BUNDLE_FORMAT = "intraskill-bundle/1"
+# /2: conditions and comparisons report the run's own reward as `reward` (it was the strict one)
+# besides `strict` and `success`; `rounds` and `training_funnel` are new.
+BUNDLE_FORMAT = "intraskill-bundle/2"
 MANIFEST = "manifest.json"
 # name -> JSON kind ("doc" one document, "rows" JSON lines); skills/round_K.json come on top.
 PRIMARY = {
@@ -127,16 +129,46 @@ def build_bundle(
     return dest
 
 
-def _write_primary(root: Path, run: RunData) -> None:
-    _write(root / "config.json", "doc", run.config)
-    _write(root / "problems.json", "doc", [p.to_json() for p in run.problems])
-    _write(root / "metrics.jsonl", "rows", training.merge_steps(run.metrics))
-    _write(root / "groups.jsonl", "rows", training.group_summaries(run.rollouts))
-    _write(root / "gates.json", "doc", run.gates)
-    _write(root / "validation_episodes.jsonl", "rows", run.gate_episodes)
-    _write(root / "outcomes.jsonl", "rows", run.outcomes)
+def primary_records(run: RunData) -> dict[str, Any]:
+    """The bundle's primary files (name -> content) as they follow from a run directory."""
+    records: dict[str, Any] = {
+        "config.json": run.config,
+        "problems.json": [p.to_json() for p in run.problems],
+        "metrics.jsonl": training.merge_steps(run.metrics),
+        "groups.jsonl": training.group_summaries(run.rollouts),
+        "gates.json": run.gates,
+        "validation_episodes.jsonl": run.gate_episodes,
+        "outcomes.jsonl": run.outcomes,
+    }
     for s in run.skills:
-        _write(root / "skills" / f"round_{s['round']}.json", "doc", s)
+        records[f"skills/round_{s['round']}.json"] = s
+    return records
+
+
+def _write_primary(root: Path, run: RunData) -> None:
+    for name, content in primary_records(run).items():
+        _write(root / name, PRIMARY.get(name, "doc"), content)
+
+
+def figures_of_run(run: RunData) -> dict[str, Any]:
+    """The figures a bundle of `run` would hold, without writing one (the terminal summary's).
+
+    The records pass through the same JSON cleaning as the bundle's files, so every number is
+    the one the report shows.
+    """
+    records = _json_clean(primary_records(run))
+    data = BundleData(
+        root=run.workdir / "bundle",
+        config=records["config.json"],
+        problems=records["problems.json"],
+        metrics=records["metrics.jsonl"],
+        groups=records["groups.jsonl"],
+        gates=records["gates.json"],
+        validation_episodes=records["validation_episodes.jsonl"],
+        outcomes=records["outcomes.jsonl"],
+        skills=[records[f"skills/round_{s['round']}.json"] for s in run.skills],
+    )
+    return compute_figures(data)
 
 
 def _swap_in(tmp: Path, dest: Path) -> None:
@@ -294,6 +326,7 @@ def compute_figures(data: BundleData) -> dict[str, Any]:
             "eval_episodes": len(data.outcomes),
             "conditions": len(conditions),
             "problems": len(data.problems),
+            "reward": results.reward_name(data.config),
         },
         "conditions": conditions,
         "comparisons": results.paired_comparisons(
@@ -312,7 +345,9 @@ def compute_figures(data: BundleData) -> dict[str, Any]:
             "series": series,
         },
         "groups": training.step_group_stats(data.groups),
+        "training_funnel": training.training_funnel(data.metrics),
         "gates": training.gate_summaries(data.gates),
+        "rounds": training.bank_rounds(data.gates, data.skills),
         "contributions": training.contribution_history(data.gates, data.skills),
         "funnel": training.failure_funnel(data.gates),
         "skills": [_skill_counts(s) for s in data.skills],
@@ -347,7 +382,10 @@ def verify_hashes(root: Path) -> int:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         listed = manifest["files"]
         if manifest.get("format") != BUNDLE_FORMAT or not isinstance(listed, dict):
-            raise ValueError(f"format {manifest.get('format')!r}, expected {BUNDLE_FORMAT!r}")
+            raise ValueError(
+                f"format {manifest.get('format')!r}, expected {BUNDLE_FORMAT!r}; rebuild it from "
+                "its run with `intraskill report --workdir RUN`"
+            )
     except FileNotFoundError:
         raise BundleError(
             f"bundle {root} has no manifest", [Problem(MANIFEST, "missing", "absent; rebuild with `intraskill report`")]

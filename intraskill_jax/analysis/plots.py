@@ -7,21 +7,27 @@ never pyplot, so nothing lingers in global state between calls.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from intraskill_jax.analysis.behaviour import BEHAVIOUR_FIELDS
+from intraskill_jax.analysis.results import reward_label
 from intraskill_jax.analysis.training import FUNNEL_STAGES
 
 Figures = Mapping[str, Any]
 PlotFn = Callable[[Figures], Figure | None]
 
 _GOOD, _BAD, _SAME_OK, _SAME_FAIL = "#2e7d32", "#c62828", "#a5d6a7", "#cfcfcf"
+# Values within this of each other are one value: exact zeros come back from sums and fits as
+# +-1e-17, and matplotlib would zoom into that noise (an axis in units of 1e-17).
+FLAT_SPAN = 1e-9
 _LABELS = {
     "tokens_per_turn": "tokens per turn",
     "turns": "model steps",
@@ -51,6 +57,7 @@ def plot_training(fig: Figures, max_panels: int = 6) -> Figure | None:
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+        keep_readable_scale(ax, [*s["raw"], *s["smooth"]], rate=_is_rate(name))
     for ax in axes[len(names) :]:
         ax.set_visible(False)
     axes[0].legend(fontsize=8)
@@ -58,15 +65,17 @@ def plot_training(fig: Figures, max_panels: int = 6) -> Figure | None:
 
 
 def plot_conditions(fig: Figures) -> Figure | None:
-    """Strict reward and success rate per test condition."""
+    """The run's reward, the strict reward and the success rate per test condition."""
     table = fig["conditions"]
     if not table:
         return None
-    figure = Figure(figsize=(9, 3.4), layout="constrained")
-    axes = figure.subplots(1, 2)
+    figure = Figure(figsize=(12, 3.4), layout="constrained")
+    axes = figure.subplots(1, 3)
     labels = [f"{r['condition']}\n(n={r['n']})" for r in table]
     colors = ["#90a4ae" if r["policy"] == "base" else "#1565c0" for r in table]
-    for ax, key, title in ((axes[0], "reward", "strict reward"), (axes[1], "success", "success rate")):
+    panels = (("reward", reward_label(fig["run"].get("reward"))), ("strict", "strict reward"),
+              ("success", "success rate"))
+    for ax, (key, title) in zip(axes, panels):
         values = [r[key] for r in table]
         bars = ax.bar(range(len(table)), values, color=colors)
         ax.bar_label(bars, labels=[f"{v:.3f}" for v in values], fontsize=8)
@@ -117,13 +126,16 @@ def plot_behaviour(fig: Figures) -> Figure | None:
     axes = figure.subplots(1, len(BEHAVIOUR_FIELDS))
     width = 0.38
     for ax, field in zip(axes, BEHAVIOUR_FIELDS):
+        drawn: list[float] = []
         for k, (outcome, color) in enumerate((("success", _GOOD), ("failure", _BAD))):
             values = _nan([by[(c, outcome)][field] for c in conds])
             ax.bar([i + (k - 0.5) * width for i in range(len(conds))], values, width, color=color,
                    label=outcome)
+            drawn += values
         ax.set_xticks(range(len(conds)), conds, rotation=30, ha="right", fontsize=8)
         ax.set_title(_LABELS[field], fontsize=10)
         ax.grid(axis="y", alpha=0.3)
+        keep_readable_scale(ax, drawn, floor=0.0)
     axes[0].legend(fontsize=8)
     return figure
 
@@ -144,6 +156,7 @@ def plot_behaviour_checkpoints(fig: Figures) -> Figure | None:
         ax.set_xticks(sorted({r["round"] for r in rows}))
         ax.set_xlabel("gate round")
         ax.grid(alpha=0.3)
+        keep_readable_scale(ax, [r[field] for r in rows], floor=0.0)
     axes[0].legend(fontsize=8)
     return figure
 
@@ -176,10 +189,13 @@ def plot_contributions(fig: Figures, cols: int = 4) -> Figure | None:
         ax.grid(alpha=0.3)
     for ax in axes[len(chunks) :]:
         ax.set_visible(False)
+    # The axes share y: one range for every panel, from every drawn value.
+    keep_readable_scale(axes[0], [v for r in rows for v in (r["beta"], r["ci_low"], r["ci_high"])])
     figure.suptitle("blue: the chunk's text of that round; orange: a proposal for it "
                     "(an addition, or a rewrite of it)", fontsize=9)
     figure.supxlabel("gate round", fontsize=9)
-    figure.supylabel("beta: gain in strict reward (95% CI)", fontsize=9)
+    # The gate fits the reward the episodes carry: the run's own (loose or strict).
+    figure.supylabel(f"beta: gain in {reward_label(fig['run'].get('reward'))}, 95% CI", fontsize=9)
     return figure
 
 
@@ -198,6 +214,7 @@ def plot_funnel(fig: Figures) -> Figure | None:
     ax.set_xticks(range(len(funnel)), [f"round {f['round']}" for f in funnel])
     ax.legend(fontsize=8, ncols=3)
     ax.grid(axis="y", alpha=0.3)
+    keep_readable_scale(ax, [f[stage] for f in funnel for stage in FUNNEL_STAGES], floor=0.0)
     return figure
 
 
@@ -232,6 +249,32 @@ def write_plots(
         figure.savefig(paths[1], format="png", dpi=110)
         written[name] = paths
     return written
+
+
+def keep_readable_scale(
+    ax: Axes, values: Iterable[float | None], *, rate: bool = False, floor: float | None = None
+) -> None:
+    """Gives a y axis whose values are all one value (within `FLAT_SPAN`) a fixed, readable range.
+
+    Rates get [0, 1]; other values +-1 around the value, cut at `floor` (0 for counts). The offset
+    and scientific notation are switched off, so the axis reads 0, not 1e-17.
+    """
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not finite or max(finite) - min(finite) > FLAT_SPAN:
+        return
+    value = 0.0 if abs(finite[0]) < FLAT_SPAN else finite[0]
+    if rate and 0.0 <= value <= 1.0:
+        low, high = 0.0, 1.0
+    else:
+        low, high = value - 1.0, value + 1.0
+        if floor is not None and low < floor <= value:
+            low, high = floor, max(high, floor + 1.0)
+    ax.set_ylim(low, high)
+    ax.ticklabel_format(axis="y", style="plain", useOffset=False)
+
+
+def _is_rate(metric: str) -> bool:
+    return metric.rsplit("/", 1)[-1].endswith(("success", "rate", "share", "frac"))
 
 
 def _nan(values: Sequence[float | None]) -> list[float]:

@@ -1,10 +1,13 @@
-"""Test results: per-condition strict reward and success, and paired comparisons on the same tasks.
+"""Test results: per-condition reward, strict reward and success, and paired comparisons on the
+same tasks.
 
 Pure functions of evaluation outcome rows (`eval/outcomes.jsonl`: an episode record plus
 `condition`, `policy`, `skill`). Each condition has at most one episode per task; conditions are
-compared only on the tasks both have. The statistics are those of `intraskill_jax.stats`: a paired
-bootstrap (BCa) interval of the mean difference, resampling tasks, and the exact McNemar test on
-the discordant pairs.
+compared only on the tasks both have. Three outcomes are reported for every episode (`OUTCOMES`):
+`reward`, the reward the run trained on (`sim.env.reward`: loose partial credit or strict), the
+`strict` reward, and `success`; with a weak policy only the first separates the conditions. The
+statistics are those of `intraskill_jax.stats`: a paired bootstrap (BCa) interval of the mean
+difference, resampling tasks, and the exact McNemar test on the discordant pairs.
 
     table = condition_table(rows)
     comps = paired_comparisons(rows)          # the five default pairs that are present
@@ -35,15 +38,40 @@ DEFAULT_PAIRS = (
 )
 
 
+def run_reward(row: Mapping[str, Any]) -> float:
+    """The reward the run trained on (`row["reward"]`, whichever `sim.env.reward` names)."""
+    return float(row["reward"])
+
+
 def strict_reward(row: Mapping[str, Any]) -> float:
     """The strict reward of an episode: `reward_detail['strict']` when recorded, else `reward`.
 
-    Training optimises the strict reward, so `reward` is it in practice; reading the component
-    first keeps the table right should a run ever train on another reward.
+    Only records without a reward breakdown fall back to `reward`: they come from runs made
+    before the loose reward existed, which trained on the strict one.
     """
     detail = row.get("reward_detail") or {}
     value = detail.get("strict", row["reward"])
     return float(value)
+
+
+def success(row: Mapping[str, Any]) -> float:
+    return float(bool(row["success"]))
+
+
+# name -> the episode's value; every table and comparison reports these, in this order.
+OUTCOMES = {"reward": run_reward, "strict": strict_reward, "success": success}
+
+
+def reward_name(config: Mapping[str, Any]) -> str | None:
+    """The reward a run trained on, from its config.json (`sim.env.reward`), None if not recorded."""
+    env = (config.get("sim") or {}).get("env") or {}
+    name = env.get("reward")
+    return None if name is None else str(name)
+
+
+def reward_label(name: str | None) -> str:
+    """How tables head the run's reward: `reward (loose)`, or plain `reward` when unknown."""
+    return f"reward ({name})" if name else "reward"
 
 
 def conditions_in(rows: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -76,24 +104,22 @@ def by_condition(
 
 
 def condition_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per condition: n, strict reward mean, success rate and count, policy and skill."""
+    """One row per condition: policy, skill, n, the mean of each of `OUTCOMES` (`reward` the
+    run's reward, `strict`, `success` the success rate) and the count of successes."""
     grouped = by_condition(rows)
     table = []
     for cond in conditions_in(rows):
         eps = list(grouped[cond].values())
-        rewards = np.array([strict_reward(r) for r in eps], np.float64)
-        successes = np.array([bool(r["success"]) for r in eps])
-        table.append(
-            {
-                "condition": cond,
-                "policy": _single(eps, "policy", cond),
-                "skill": _single(eps, "skill", cond),
-                "n": len(eps),
-                "reward": float(rewards.mean()),
-                "success": float(successes.mean()),
-                "successes": int(successes.sum()),
-            }
-        )
+        row: dict[str, Any] = {
+            "condition": cond,
+            "policy": _single(eps, "policy", cond),
+            "skill": _single(eps, "skill", cond),
+            "n": len(eps),
+        }
+        for name, value in OUTCOMES.items():
+            row[name] = float(np.mean([value(r) for r in eps]))
+        row["successes"] = sum(bool(r["success"]) for r in eps)
+        table.append(row)
     return table
 
 
@@ -113,11 +139,12 @@ def paired_comparisons(
       confidence, n_resamples, seed: of the paired bootstrap (seeded, so figures are reproducible).
 
     Returns:
-      One dict per pair: `n` paired tasks, `unpaired` tasks of either side left out, means of each
-      side, flips (`newly_succeed`: a succeeds where b failed; `regress`: the reverse;
-      `both_succeed`, `both_fail`), success and strict-reward differences (a - b) with bootstrap
-      interval bounds (None when fewer than two tasks pair up), and the exact McNemar statistic
-      and p-value.
+      One dict per pair: `n` paired tasks, `unpaired` tasks of either side left out, the mean of
+      each of `OUTCOMES` on each side (`reward_a`, `reward_b`, `strict_a`, ...), flips
+      (`newly_succeed`: a succeeds where b failed; `regress`: the reverse; `both_succeed`,
+      `both_fail`), the exact McNemar statistic and p-value, and for each outcome the difference
+      a - b (`reward_diff`, `strict_diff`, `success_diff`) with its bootstrap interval bounds
+      (`<name>_ci_low`, `<name>_ci_high`; None when fewer than two tasks pair up).
 
     Raises:
       ValueError: an explicitly requested condition has no rows, or a condition repeats a task.
@@ -146,20 +173,19 @@ def _compare(
     seed: int,
 ) -> dict[str, Any]:
     tasks = sorted(set(rows_a) & set(rows_b))
-    ok_a = np.array([bool(rows_a[t]["success"]) for t in tasks], bool)
-    ok_b = np.array([bool(rows_b[t]["success"]) for t in tasks], bool)
-    rew_a = np.array([strict_reward(rows_a[t]) for t in tasks], np.float64)
-    rew_b = np.array([strict_reward(rows_b[t]) for t in tasks], np.float64)
+    values = {
+        name: (
+            np.array([value(rows_a[t]) for t in tasks], np.float64),
+            np.array([value(rows_b[t]) for t in tasks], np.float64),
+        )
+        for name, value in OUTCOMES.items()
+    }
+    ok_a, ok_b = (v.astype(bool) for v in values["success"])
     mc = stats.mcnemar_exact(ok_a, ok_b)
-    row: dict[str, Any] = {
-        "a": a,
-        "b": b,
-        "n": len(tasks),
-        "unpaired": len(set(rows_a) ^ set(rows_b)),
-        "success_a": _mean(ok_a),
-        "success_b": _mean(ok_b),
-        "reward_a": _mean(rew_a),
-        "reward_b": _mean(rew_b),
+    row: dict[str, Any] = {"a": a, "b": b, "n": len(tasks), "unpaired": len(set(rows_a) ^ set(rows_b))}
+    for name, (x, y) in values.items():
+        row[f"{name}_a"], row[f"{name}_b"] = _mean(x), _mean(y)
+    row |= {
         "newly_succeed": mc.n10,
         "regress": mc.n01,
         "both_succeed": mc.n11,
@@ -167,28 +193,29 @@ def _compare(
         "mcnemar_statistic": _finite(mc.statistic),
         "mcnemar_p": _finite(mc.p),
     }
-    for name, x, y in (("success", ok_a, ok_b), ("reward", rew_a, rew_b)):
-        diff = _finite(float((x.astype(np.float64) - y).mean())) if tasks else None
-        low = high = None
-        if len(tasks) >= 2:
-            with warnings.catch_warnings():
-                # BCa on nearly constant 0/1 differences warns and may return NaN: shown as None.
-                warnings.simplefilter("ignore", RuntimeWarning)
-                warnings.filterwarnings("ignore", message=".*degenerate.*")
-                res = stats.paired_bootstrap(
-                    x.astype(np.float64),
-                    y.astype(np.float64),
-                    confidence=confidence,
-                    n_resamples=n_resamples,
-                    seed=seed,
-                )
-            low, high = _finite(res.ci_low), _finite(res.ci_high)
+    for name, (x, y) in values.items():
+        diff = _finite(float((x - y).mean())) if tasks else None
+        low, high = _interval_of(x, y, confidence, n_resamples, seed) if len(tasks) >= 2 else (None, None)
         row[f"{name}_diff"], row[f"{name}_ci_low"], row[f"{name}_ci_high"] = diff, low, high
     return row
 
 
+def _interval_of(
+    x: np.ndarray, y: np.ndarray, confidence: float, n_resamples: int, seed: int
+) -> tuple[float | None, float | None]:
+    with warnings.catch_warnings():
+        # BCa on nearly constant differences warns and may return NaN: shown as None.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.filterwarnings("ignore", message=".*degenerate.*")
+        res = stats.paired_bootstrap(
+            x, y, confidence=confidence, n_resamples=n_resamples, seed=seed
+        )
+    return _finite(res.ci_low), _finite(res.ci_high)
+
+
 def paired_outcomes(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per task: `reward/<condition>` and `success/<condition>` (None where not run)."""
+    """One row per task: `reward/<condition>` (the run's reward), `strict/<condition>` and
+    `success/<condition>` (a bool), None where the condition did not run the task."""
     grouped = by_condition(rows)
     conds = conditions_in(rows)
     tasks = sorted({t for per_task in grouped.values() for t in per_task})
@@ -197,38 +224,50 @@ def paired_outcomes(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"task_id": t}
         for c in conds:
             r = grouped[c].get(t)
-            row[f"reward/{c}"] = strict_reward(r) if r is not None else None
+            row[f"reward/{c}"] = run_reward(r) if r is not None else None
+            row[f"strict/{c}"] = strict_reward(r) if r is not None else None
             row[f"success/{c}"] = bool(r["success"]) if r is not None else None
         out.append(row)
     return out
 
 
-def format_condition_table(table: Sequence[Mapping[str, Any]]) -> str:
-    """A fixed-width text table of `condition_table` (what `intraskill eval` prints)."""
-    lines = [f"{'condition':<16} {'policy':<8} {'skill':<6} {'n':>5} {'strict':>7} {'success':>8}"]
-    for r in table:
-        lines.append(
-            f"{r['condition']:<16} {str(r['policy']):<8} {str(r['skill']):<6} {r['n']:>5} "
-            f"{r['reward']:>7.3f} {r['success']:>8.1%}"
-        )
-    return "\n".join(lines)
+def format_condition_table(table: Sequence[Mapping[str, Any]], reward: str | None = None) -> str:
+    """A text table of `condition_table`; `reward` names the run's reward in the header."""
+    head = ["condition", "policy", "skill", "tasks", reward_label(reward), "strict", "success"]
+    rows = [
+        [r["condition"], str(r["policy"]), str(r["skill"]), str(r["n"]),
+         f"{r['reward']:.3f}", f"{r['strict']:.3f}", f"{r['success']:.1%}"]
+        for r in table
+    ]
+    return text_table(head, rows, right=range(3, 7))
 
 
 def format_comparisons(comparisons: Sequence[Mapping[str, Any]]) -> str:
-    """A text table of `paired_comparisons`: flips, differences with intervals, McNemar p."""
-    lines = [
-        f"{'a vs b':<32} {'n':>4} {'+':>4} {'-':>4} {'d success [95% CI]':>28} "
-        f"{'d strict [95% CI]':>28} {'McNemar p':>9}"
+    """A text table of `paired_comparisons`: flips (+ newly succeed, - regress), each outcome's
+    difference with its interval, McNemar p."""
+    head = ["a vs b", "tasks", "+", "-", "d reward [95% CI]", "d strict [95% CI]",
+            "d success [95% CI]", "McNemar p"]
+    rows = [
+        [f"{c['a']} vs {c['b']}", str(c["n"]), str(c["newly_succeed"]), str(c["regress"]),
+         *(interval(c, name) for name in OUTCOMES), _fmt(c["mcnemar_p"], ".4f")]
+        for c in comparisons
     ]
-    for c in comparisons:
-        lines.append(
-            f"{c['a'] + ' vs ' + c['b']:<32} {c['n']:>4} {c['newly_succeed']:>4} {c['regress']:>4} "
-            f"{_interval(c, 'success'):>28} {_interval(c, 'reward'):>28} {_fmt(c['mcnemar_p'], '.4f'):>9}"
-        )
+    return text_table(head, rows, right=range(1, 8))
+
+
+def text_table(head: Sequence[str], rows: Sequence[Sequence[str]], right: Iterable[int] = ()) -> str:
+    """Plain fixed-width columns, each as wide as its longest cell; `right` columns right-aligned."""
+    right = set(right)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    lines = []
+    for cells in (head, *rows):
+        parts = [str(x).rjust(w) if i in right else str(x).ljust(w) for i, (x, w) in enumerate(zip(cells, widths))]
+        lines.append("  ".join(parts).rstrip())
     return "\n".join(lines)
 
 
-def _interval(c: Mapping[str, Any], name: str) -> str:
+def interval(c: Mapping[str, Any], name: str) -> str:
+    """`+0.050 [-0.010, +0.110]`: a comparison's difference of outcome `name` with its interval."""
     return (
         f"{_fmt(c[f'{name}_diff'], '+.3f')} "
         f"[{_fmt(c[f'{name}_ci_low'], '+.3f')}, {_fmt(c[f'{name}_ci_high'], '+.3f')}]"

@@ -134,6 +134,9 @@ def skill_record(bank: SkillBank) -> dict[str, Any]:
             for c in bank.chunks
         ],
         "ledger": [e.to_json() for e in bank.ledger],
+        # Whether the gate that wrote this round had outcomes to decide on ({"informative",
+        # "reason"}); None for round 0 and for runs from before the gate recorded it.
+        "evidence": bank.ledger_extra.get("evidence"),
     }
 
 

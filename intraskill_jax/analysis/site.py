@@ -1,8 +1,10 @@
 """The static report site: plain HTML, one CSS and one JS file, no network (works from file://).
 
-Pages: overview (run, training, gates, funnel), results (conditions and paired comparisons),
-behaviour explorer (client-side filtering of figures embedded as JSON), skill evolution (each
-chunk's text per round in English and Chinese, with its estimate and the ledger).
+Pages: overview (first the headline the terminal summary prints: the test conditions, the paired
+differences, what the bank did at each gate and the training funnel; then the run, training
+dynamics, gates), results (conditions and paired comparisons in full), behaviour explorer
+(client-side filtering of figures embedded as JSON), skill evolution (each chunk's text per round
+in English and Chinese, with its estimate and the ledger).
 
 Every number on a page comes from the bundle's figures.json and carries its JSON pointer and
 format, `<span data-fig="/conditions/0/success" data-fmt="pct1">72.5%</span>`, so a test (or a
@@ -20,7 +22,8 @@ from typing import Any
 
 from intraskill_jax.analysis.behaviour import BEHAVIOUR_FIELDS
 from intraskill_jax.analysis.bundle import BundleData, load_bundle
-from intraskill_jax.analysis.training import FUNNEL_STAGES
+from intraskill_jax.analysis.results import OUTCOMES, reward_label
+from intraskill_jax.analysis.training import BANK_ACTIONS, FUNNEL_STAGES, describe_evidence
 
 PAGES = (
     ("index.html", "Overview"),
@@ -28,6 +31,9 @@ PAGES = (
     ("behaviour.html", "Behaviour"),
     ("skills.html", "Skill evolution"),
 )
+OUTCOME_HEADS = {"strict": "strict reward", "success": "success"}  # the run's reward: reward_label
+_NO_EVALUATION = ('<p class="empty">No evaluation yet: <code>eval/outcomes.jsonl</code> was absent when the '
+                  "bundle was built. Run <code>intraskill eval</code>, then the report again.</p>")
 FIELD_LABELS = {
     "tokens_per_turn": "tokens / turn",
     "turns": "model steps",
@@ -157,6 +163,13 @@ def _plot(page: _Page, plots: set[str], name: str, caption: str) -> None:
 
 
 def _overview(page: _Page, data: BundleData, plots: set[str]) -> None:
+    _headline(page, data)
+    if data.problems:
+        page.add('<h2>Incomplete or damaged records</h2><p>The report shows what is complete.</p>'
+                 '<ul class="problems">')
+        page.add(*(f"<li><code>{esc(p['path'])}</code> ({esc(p['kind'])}): {esc(p['message'])}</li>"
+                   for p in data.problems))
+        page.add("</ul>")
     page.add("<h2>Run</h2>")
     labels = {
         "steps": "steps logged", "first_step": "first step", "last_step": "last step",
@@ -166,25 +179,9 @@ def _overview(page: _Page, data: BundleData, plots: set[str]) -> None:
         "conditions": "test conditions", "problems": "problems found",
     }
     page.table(["", "value"], ([esc(label), page.num("int", "run", key)] for key, label in labels.items()), "facts")
-    if data.problems:
-        page.add('<h2>Incomplete or damaged records</h2><p>The report shows what is complete.</p>'
-                 '<ul class="problems">')
-        page.add(*(f"<li><code>{esc(p['path'])}</code> ({esc(p['kind'])}): {esc(p['message'])}</li>"
-                   for p in data.problems))
-        page.add("</ul>")
     final = data.figures["training"]["final"]
     if final:
         page.add("<h2>Training dynamics</h2>")
-        names = [n for n in data.figures["training"]["headline"] if n in final]
-        names += [n for n in sorted(final) if n not in names]
-        page.add("<details open><summary>Last value of each metric</summary>")
-        page.table(
-            ["metric", "step", "last", "smoothed"],
-            ([esc(n), page.num("int", "training", "final", n, "step"),
-              page.num("g4", "training", "final", n, "raw"),
-              page.num("g4", "training", "final", n, "smooth")] for n in names),
-        )
-        page.add("</details>")
         _plot(page, plots, "training", "Headline metrics per step (faint: raw; bold: EMA 0.9); dashed: gates")
     if data.figures["groups"]:
         page.add("<details><summary>Training groups per step</summary>")
@@ -196,7 +193,109 @@ def _overview(page: _Page, data: BundleData, plots: set[str]) -> None:
               page.num("pct1", "groups", i, "admitted_share")] for i in range(len(data.figures["groups"]))),
         )
         page.add("</details>")
+    if final:
+        names = [n for n in data.figures["training"]["headline"] if n in final]
+        names += [n for n in sorted(final) if n not in names]
+        page.add('<details id="last-values"><summary>Last value of each metric</summary>')
+        page.table(
+            ["metric", "step", "last", "smoothed"],
+            ([esc(n), page.num("int", "training", "final", n, "step"),
+              page.num("g4", "training", "final", n, "raw"),
+              page.num("g4", "training", "final", n, "smooth")] for n in names),
+        )
+        page.add("</details>")
     _gates_section(page, data, plots)
+
+
+# -- the headline: what `intraskill quickstart` prints at its end (analysis/summary.py) ------------
+
+
+def _headline(page: _Page, data: BundleData) -> None:
+    page.add('<section id="headline">')
+    _headline_conditions(page, data)
+    _headline_comparisons(page, data)
+    _headline_rounds(page, data)
+    _headline_funnel(page, data)
+    page.add("</section>")
+
+
+def _outcome_heads(figures: Mapping[str, Any]) -> list[str]:
+    heads = {"reward": reward_label(figures["run"].get("reward")), **OUTCOME_HEADS}
+    return [heads[o] for o in OUTCOMES]
+
+
+def _outcome_fmt(name: str) -> str:
+    return "pct1" if name == "success" else "f3"
+
+
+def _headline_conditions(page: _Page, data: BundleData) -> None:
+    table = data.figures["conditions"]
+    page.add("<h2>Test conditions</h2>")
+    if not table:
+        page.add(_NO_EVALUATION)
+        return
+    reward = data.figures["run"].get("reward")
+    if reward:
+        page.add(f"<p>Means over the test tasks; {esc(reward_label(reward))} is the reward the run trained on.</p>")
+    page.table(
+        ["condition", "policy", "skill", "tasks", *_outcome_heads(data.figures)],
+        ([esc(r["condition"]), esc(r["policy"]), esc(r["skill"]), page.num("int", "conditions", i, "n"),
+          *(page.num(_outcome_fmt(o), "conditions", i, o) for o in OUTCOMES)] for i, r in enumerate(table)),
+        "conditions headline",
+    )
+
+
+def _headline_comparisons(page: _Page, data: BundleData) -> None:
+    comps = data.figures["comparisons"]
+    if not comps:
+        return
+    page.add('<h2>Paired differences</h2><p>a - b on the same tasks, with paired bootstrap (BCa) 95% '
+             'intervals; McNemar tests and the unchanged tasks are on the <a href="results.html">results '
+             "page</a>.</p>")
+    page.table(
+        ["a vs b", "tasks", "newly succeed", "regress",
+         *(f"{h} diff [95% CI]" for h in _outcome_heads(data.figures))],
+        ([f"{esc(c['a'])} vs {esc(c['b'])}", page.num("int", "comparisons", i, "n"),
+          page.num("int", "comparisons", i, "newly_succeed"), page.num("int", "comparisons", i, "regress"),
+          *(_diff(page, i, o) for o in OUTCOMES)] for i, c in enumerate(comps)),
+        "comparisons headline",
+    )
+
+
+def _headline_rounds(page: _Page, data: BundleData) -> None:
+    rounds = data.figures["rounds"]
+    page.add("<h2>Skill bank by round</h2>")
+    if not rounds:
+        page.add('<p class="empty">No gate has closed a round yet.</p>')
+        return
+    page.add("<p>Gate K closes round K and writes round K+1's bank (its ledger on the "
+             '<a href="skills.html">skill evolution page</a>).</p>')
+    page.table(
+        ["gate", "step", "tasks", "new bank", *BANK_ACTIONS.values(), "active", "evidence"],
+        ([page.num("int", "rounds", i, "round"), page.num("int", "rounds", i, "step"),
+          page.num("int", "rounds", i, "n"), esc(r["skill"] or "not written"),
+          *(page.num("int", "rounds", i, f"n_{a}") for a in BANK_ACTIONS),
+          page.num("int", "rounds", i, "active"), esc(describe_evidence(r))] for i, r in enumerate(rounds)),
+        "rounds",
+    )
+
+
+def _headline_funnel(page: _Page, data: BundleData) -> None:
+    f = data.figures["training_funnel"]
+    page.add("<h2>Training funnel</h2>")
+    if not f["steps"]:
+        page.add('<p class="empty">No training step was logged.</p>')
+        return
+    page.table(
+        ["steps", "episodes generated", "admitted to the update", "admitted share",
+         "steps that updated the policy", "steps that logged an update"],
+        [[page.num("int", "training_funnel", "steps"), page.num("int", "training_funnel", "episodes_generated"),
+          page.num("int", "training_funnel", "episodes_admitted"),
+          page.num("pct1", "training_funnel", "admitted_share"),
+          page.num("int", "training_funnel", "steps_updated"),
+          page.num("int", "training_funnel", "steps_with_update")]],
+        "funnel",
+    )
 
 
 def _gates_section(page: _Page, data: BundleData, plots: set[str]) -> None:
@@ -238,28 +337,27 @@ def _results(page: _Page, data: BundleData, plots: set[str]) -> None:
     table = data.figures["conditions"]
     page.add("<h2>Test conditions</h2>")
     if not table:
-        page.add('<p class="empty">No evaluation yet: <code>eval/outcomes.jsonl</code> was absent '
-                 "when the bundle was built. Run <code>intraskill eval</code>, then the report again.</p>")
+        page.add(_NO_EVALUATION)
         return
     page.table(
-        ["condition", "policy", "skill", "tasks", "strict reward", "success", "successes"],
+        ["condition", "policy", "skill", "tasks", *_outcome_heads(data.figures), "successes"],
         ([esc(r["condition"]), esc(r["policy"]), esc(r["skill"]), page.num("int", "conditions", i, "n"),
-          page.num("f3", "conditions", i, "reward"), page.num("pct1", "conditions", i, "success"),
+          *(page.num(_outcome_fmt(o), "conditions", i, o) for o in OUTCOMES),
           page.num("int", "conditions", i, "successes")] for i, r in enumerate(table)),
         "conditions",
     )
-    _plot(page, plots, "conditions", "Strict reward and success per condition")
+    _plot(page, plots, "conditions", "The run's reward, strict reward and success per condition")
     comps = data.figures["comparisons"]
     if comps:
         page.add("<h2>Paired comparisons (same tasks)</h2><p>Differences are a - b; intervals are "
                  "paired bootstrap (BCa) 95% intervals over tasks; McNemar is exact.</p>")
         page.table(
             ["a vs b", "tasks", "newly succeed", "regress", "both succeed", "both fail",
-             "success diff [95% CI]", "strict reward diff [95% CI]", "McNemar p"],
+             *(f"{h} diff [95% CI]" for h in _outcome_heads(data.figures)), "McNemar p"],
             ([f"{esc(c['a'])} vs {esc(c['b'])}", page.num("int", "comparisons", i, "n"),
               page.num("int", "comparisons", i, "newly_succeed"), page.num("int", "comparisons", i, "regress"),
               page.num("int", "comparisons", i, "both_succeed"), page.num("int", "comparisons", i, "both_fail"),
-              _diff(page, i, "success"), _diff(page, i, "reward"),
+              *(_diff(page, i, o) for o in OUTCOMES),
               page.num("g4", "comparisons", i, "mcnemar_p")] for i, c in enumerate(comps)),
             "comparisons",
         )

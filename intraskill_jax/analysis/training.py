@@ -29,6 +29,8 @@ HEADLINE_METRICS = (
     "skills/retry_recovery_rate",
 )
 FUNNEL_STAGES = ("failures", "recovered_by_retry", "analysed", "proposals", "rejected", "accepted")
+# Ledger action -> how a table heads its count.
+BANK_ACTIONS = {"retain": "retained", "rewrite": "rewritten", "add": "added", "retire": "retired"}
 ESTIMATE_FIELDS = ("beta", "se", "ci_low", "ci_high", "p")
 
 
@@ -205,6 +207,81 @@ def gate_summaries(gates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             row[f"n_{action}"] = sum(d.get("action") == action for d in g.get("decisions", ()))
         out.append(row)
     return out
+
+
+def training_funnel(step_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Over all steps (per-step rows): episodes generated, episodes admitted to the update (groups
+    with reward variance), and how many of the steps that logged an update changed the policy.
+
+    A count is None when no step logged it (runs from before these metrics existed).
+    """
+    generated = _total(step_rows, "rollout/episodes_generated")
+    admitted = _total(step_rows, "rollout/episodes_admitted")
+    updates = [r["train/updated"] for r in step_rows if _is_number(r.get("train/updated"))]
+    return {
+        "steps": len(step_rows),
+        "episodes_generated": generated,
+        "episodes_admitted": admitted,
+        "admitted_share": admitted / generated if generated and admitted is not None else None,
+        "steps_with_update": len(updates) if updates else None,
+        "steps_updated": sum(v > 0 for v in updates) if updates else None,
+    }
+
+
+def _total(rows: Iterable[Mapping[str, Any]], name: str) -> int | None:
+    values = [r[name] for r in rows if _is_number(r.get(name))]
+    # Counts are logged as floats (one writer for every metric): whole numbers by construction.
+    return int(round(sum(values))) if values else None
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def bank_rounds(
+    gates: Sequence[Mapping[str, Any]], skills: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per closed gate: what it did to the bank, and whether its outcomes carried evidence.
+
+    Gate K closes round K and writes round K+1's bank; the counts are that bank's ledger actions
+    (a rewrite counts once, for the chunk it rewrote) and its active chunks, None while the bank
+    is not recorded. A gate without evidence keeps the bank (every entry a retain). `informative`
+    and `evidence` (the reason) come from the ledger; a ledger from before that record leaves
+    `informative` to the gate summary's flag, and runs older than both have None.
+    """
+    by_round = {int(s["round"]): s for s in skills}
+    out = []
+    for g in sorted(gates, key=lambda g: int(g["round"])):
+        k = int(g["round"])
+        bank = by_round.get(k + 1)
+        evidence = (bank or {}).get("evidence") or {}
+        flag = (g.get("summary") or {}).get("evidence")
+        row: dict[str, Any] = {"round": k, "step": int(g["step"]), "n": g.get("n")}
+        row |= _bank_counts(bank)
+        row["informative"] = evidence.get("informative", None if flag is None else bool(flag))
+        row["evidence"] = evidence.get("reason")
+        out.append(row)
+    return out
+
+
+def _bank_counts(bank: Mapping[str, Any] | None) -> dict[str, Any]:
+    if bank is None:
+        return {"skill": None, **{f"n_{a}": None for a in BANK_ACTIONS}, "active": None}
+    actions = [e.get("action") for e in bank.get("ledger", ())]
+    return {
+        "skill": bank.get("name"),
+        **{f"n_{a}": actions.count(a) for a in BANK_ACTIONS},
+        "active": sum(c.get("status") == "active" for c in bank.get("chunks", ())),
+    }
+
+
+def describe_evidence(row: Mapping[str, Any]) -> str:
+    """A `bank_rounds` row's evidence in words, as the summary and the report write it."""
+    if row["informative"] is None:
+        return "not recorded (run from before the gate recorded it)"
+    if row["informative"]:
+        return f"yes: {row['evidence']}" if row["evidence"] else "yes"
+    return f"{row['evidence'] or 'no evidence'}; bank kept unchanged"
 
 
 def failure_funnel(gates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -197,6 +197,9 @@ def _grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
     qg = q.reshape(b, t, kvh, h // kvh, d)
     scores = jnp.einsum(f"btkgd,{kv_layout}->bkgts", qg, k).astype(jnp.float32) * scale
     probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+    if kv_layout == "bksd" and t == 1:
+        out = jnp.sum(probs[:, :, :, 0, :, None].astype(v.dtype) * v[:, :, None], axis=3)  # [B, KV, G, D]
+        return out.reshape(b, 1, h, d)
     return jnp.einsum(f"bkgts,{kv_layout}->btkgd", probs.astype(v.dtype), v).reshape(b, t, h, d)
 
 

@@ -27,9 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from sim.world import World
-
-from intraskill_jax.agent.episode import AgentConfig
+from intraskill_jax.agent.episode import AgentConfig, Env
 from intraskill_jax.agent.trajectory import collate
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.metrics import MetricsWriter
@@ -43,6 +41,7 @@ from intraskill_jax.rl.train_step import (
     init_train_state,
     make_optimizer,
     merge_params,
+    pad_rows,
     train_batch,
 )
 from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
@@ -101,17 +100,21 @@ class TaskCursor:
 
 
 class Learner:
-    def __init__(self, model: Any, tokenizer: Any, world: World, engine: RolloutEngine, workdir: str | Path, *,
+    def __init__(self, model: Any, tokenizer: Any, engine: RolloutEngine, workdir: str | Path, *,
+                 tasks: Sequence[int], make_env: Callable[[], Env],
                  config: LearnerConfig, optim: OptimConfig, loss: LossConfig, agent: AgentConfig,
                  contexts_fn: ContextsFn | None = None, mesh: Any = None,
                  on_step: Callable[[int, Experience], dict[str, float]] | None = None,
                  retry_fn: Callable[[int], GroupContext | None] | None = None,
                  checkpoint_extra: Callable[[], dict[str, Any]] | None = None):
-        """Hooks: `contexts_fn(step, tasks)` gives each group's context; `retry_fn(step)` the
+        """`tasks` are the training task ids (read in seeded epochs); `make_env()` gives a fresh
+        environment for one episode (`lambda: ShopEnv(world)`).
+
+        Hooks: `contexts_fn(step, tasks)` gives each group's context; `retry_fn(step)` the
         context all-wrong groups are retried with (None: no retry); `on_step(step, exp)` sees the
         step's experience before the update and returns extra metrics; `checkpoint_extra()` adds
         JSON fields to each checkpoint."""
-        self.tokenizer, self.world, self.engine = tokenizer, world, engine
+        self.tokenizer, self.engine, self.make_env = tokenizer, engine, make_env
         self.workdir = Path(workdir)
         self.config, self.optim, self.loss, self.agent = config, optim, loss, agent
         self.contexts_fn = contexts_fn or (lambda step, tasks: [GroupContext() for _ in tasks])
@@ -125,7 +128,12 @@ class Learner:
         self.update = grpo_step(self.graphdef, tx, optim, loss, temperature=config.sampling.temperature, mesh=mesh)
         self.old_logprobs = LogprobFn(self.graphdef, temperature=config.sampling.temperature,
                                       micro_batch_size=optim.micro_batch_size, mesh=mesh)
-        self.cursor = TaskCursor(world.splits.train, config.seed)
+        # With micro-batches every update pads its rows to the most a step can admit (each group
+        # and its retry), so the update and the log-prob pass compile once per length; the
+        # padding micro-batches are skipped inside the step.
+        most = config.groups_per_step * config.group_size * (2 if retry_fn is not None else 1)
+        self.pad_rows_to = most if optim.micro_batch_size else 1
+        self.cursor = TaskCursor(tasks, config.seed)
         self.checkpoints = Checkpointer(self.workdir / "checkpoints")
         self.step = 0
         self.resumed_extra: dict[str, Any] = {}
@@ -180,7 +188,7 @@ class Learner:
         contexts = self.contexts_fn(self.step, tasks)
         if hasattr(self.engine, "reseed"):  # sampling depends on (seed, step) only: resumes replay
             self.engine.reseed(cfg.seed, self.step)
-        exp = collect(self.engine, self.world, self.tokenizer, tasks, contexts, group_size=cfg.group_size,
+        exp = collect(self.engine, self.make_env, self.tokenizer, tasks, contexts, group_size=cfg.group_size,
                       sampling=cfg.sampling, agent=self.agent, scale_by_std=cfg.scale_by_std,
                       prefix=f"s{self.step}", max_concurrent=cfg.max_concurrent, retry=self.retry_fn(self.step))
         metrics = dict(exp.metrics)
@@ -199,8 +207,8 @@ class Learner:
 
     def _update(self, exp: Experience) -> dict[str, float]:
         collated = collate(exp.train_trajectories, self.tokenizer.pad_token_id)
-        old = np.asarray(self.old_logprobs(self.state.params, collated))
-        batch = train_batch(collated, advantages=exp.train_advantages, old_logprobs=old)
+        old = np.asarray(self.old_logprobs(self.state.params, collated, pad_to=self.pad_rows_to))
+        batch = pad_rows(train_batch(collated, advantages=exp.train_advantages, old_logprobs=old), self.pad_rows_to)
         tokens = float(np.asarray(collated["loss_mask"]).sum())
         t0 = time.perf_counter()
         self.state, m = self.update(self.state, batch)

@@ -14,10 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.env import ShopEnv
-from sim.world import World
-
-from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
+from intraskill_jax.agent.episode import AgentConfig, Env, EpisodeSpec, run_episodes
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.rl.grpo import group_advantages, nonzero_variance_groups
 from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
@@ -52,7 +49,7 @@ class Experience:
 
 def collect(
     engine: RolloutEngine,
-    world: World,
+    make_env: Callable[[], Env],
     tokenizer: Any,
     task_ids: Sequence[int],
     contexts: Sequence[GroupContext],
@@ -61,12 +58,12 @@ def collect(
     sampling: SamplingParams,
     agent: AgentConfig,
     scale_by_std: bool = True,
-    make_env: Callable[[], ShopEnv] | None = None,
     prefix: str = "step",
     max_concurrent: int | None = None,
     retry: GroupContext | None = None,
 ) -> Experience:
-    """Rolls out `group_size` siblings for each task (one group per task, with its context).
+    """Rolls out `group_size` siblings for each task (one group per task, with its context), each
+    in a fresh environment from `make_env` (e.g. `lambda: ShopEnv(world)`).
 
     With `retry`, every group in which no sibling succeeded is rolled out once more under that
     context (the full skill) as an extra group; the all-wrong original has no reward variance and
@@ -77,7 +74,6 @@ def collect(
         raise ValueError(f"one context per group: {len(task_ids)} tasks, {len(contexts)} contexts")
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
-    make_env = make_env or (lambda: ShopEnv(world))
 
     def play(tasks: Sequence[int], ctxs: Sequence[GroupContext], first_group: int, tag: str) -> list[Trajectory]:
         specs = [

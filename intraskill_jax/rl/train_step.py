@@ -301,6 +301,19 @@ def _totals(batch: TrainBatch) -> Totals:
     return Totals(tokens=per_row.sum(), sequences=(per_row > 0).sum().astype(jnp.float32))
 
 
+def strided_order(rows: int, count: int) -> np.ndarray:
+    """The row order under which `_micro_batches`' strided split yields contiguous blocks.
+
+    Placing row k at position (k % m) * count + k // m (m = rows / count rows per micro-batch)
+    makes micro-batch i hold rows [i * m, (i + 1) * m) of the original order, so real rows that
+    precede the padding fill whole micro-batches and the padding ones can be skipped.
+    Returns `order` with reordered = original[order].
+    """
+    m = rows // count
+    position = (np.arange(rows) % m) * count + np.arange(rows) // m
+    return np.argsort(position)
+
+
 def _micro_batches(batch: TrainBatch, count: int) -> TrainBatch:
     """[B, ...] leaves -> [count, B / count, ...]; micro-batch i takes rows i, i + count, ...
 
@@ -376,12 +389,17 @@ class UpdateStep:
             grads0 = jax.lax.with_sharding_constraint(grads0, params_sharding)
         carry0 = (jnp.zeros((), jnp.float32), grads0, jax.tree.map(zeros_f32, metric_shapes))
 
-        def body(carry, mb):
+        def accumulate(carry, mb):
             loss_sum, grad_sum, metric_sum = carry
             (loss, metrics), grads = grad_fn(state.params, mb)
             grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
             metric_sum = jax.tree.map(lambda a, m: a + m.astype(jnp.float32), metric_sum, metrics)
-            return (loss_sum + loss, grad_sum, metric_sum), None
+            return loss_sum + loss, grad_sum, metric_sum
+
+        def body(carry, mb):
+            # A micro-batch of padding rows adds zero to every sum: skip its forward and backward,
+            # so a batch padded to a fixed row count (one compiled shape) costs only its real rows.
+            return jax.lax.cond(jnp.any(mb.loss_mask > 0), accumulate, lambda c, _: c, carry, mb), None
 
         (loss, grads, metrics), _ = jax.lax.scan(body, carry0, micro)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
@@ -407,8 +425,10 @@ class UpdateStep:
     def __call__(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
         rows = batch.num_rows
         micro = self.config.micro_batch_size or rows
-        batch = _to_device(pad_rows(batch, micro), self.mesh, self.rules)
+        batch = pad_rows(batch, micro)
         num_micro = batch.num_rows // micro
+        order = strided_order(batch.num_rows, num_micro)
+        batch = _to_device(jax.tree.map(lambda x: np.asarray(x)[order], batch), self.mesh, self.rules)
         key = (num_micro, tuple(x is None for x in batch))
         if key not in self._compiled:
             self._compiled[key] = self._compile(state, num_micro)
@@ -494,21 +514,29 @@ class LogprobFn:
         model = nnx.merge(self.graphdef, params)
 
         def one(mb: TrainBatch) -> jax.Array:
-            return token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask, temperature=self.temperature)
+            def score(mb: TrainBatch) -> jax.Array:
+                return token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask, temperature=self.temperature)
+
+            # Micro-batches of padding rows only (no trained token) are not scored.
+            return jax.lax.cond(jnp.any(mb.loss_mask > 0), score, lambda mb: jnp.zeros(mb.targets.shape, jnp.float32), mb)
 
         lp = jax.lax.map(one, _micro_batches(batch, num_micro))  # [n, rows, L]
         lp = lp.swapaxes(0, 1).reshape(batch.input_ids.shape)
         # Prediction t scores token t + 1: shift right to token alignment.
         return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp[:, :-1]], axis=1)
 
-    def __call__(self, params: nnx.State, collated: Mapping[str, Any]) -> jax.Array:
+    def __call__(self, params: nnx.State, collated: Mapping[str, Any], *, pad_to: int = 1) -> jax.Array:
+        """`pad_to`: pad the rows to a multiple of this first (e.g. a fixed count: one shape)."""
         full = train_batch(collated, use_rollout_logprobs=False)
         rows = full.num_rows
         micro = self.micro_batch_size or rows
-        batch = _to_device(pad_rows(full, micro), self.mesh, self.rules)
+        batch = pad_rows(pad_rows(full, pad_to), micro)
         num_micro = batch.num_rows // micro
+        order = strided_order(batch.num_rows, num_micro)
+        batch = _to_device(jax.tree.map(lambda x: np.asarray(x)[order], batch), self.mesh, self.rules)
         if num_micro not in self._compiled:
             self._compiled[num_micro] = jax.jit(functools.partial(self._logprobs, num_micro=num_micro))
         with _mesh_context(self.mesh, self.rules):
-            return self._compiled[num_micro](params, batch)[:rows]
+            lp = self._compiled[num_micro](params, batch)
+        return lp[np.argsort(order)[:rows]]
 

@@ -21,6 +21,10 @@ Decision rule (`GateConfig`; the ledger records every outcome with its estimate)
 * Otherwise an active chunk is retained if it passes and retired if not.
 * An addition is accepted if it passes (it replaces nothing, i.e. it beats the bare prompt).
 * With `max_active`, the lowest-beta survivors beyond the cap are retired.
+* No decision without evidence: when the paired deltas R_i - B_i are all equal, or fewer tasks
+  than `min_discordant` (default: columns + 1) have a non-zero delta, the fit cannot tell the
+  columns apart. Then every active chunk is kept as it is, every proposal is rejected, and the
+  ledger and the log say why.
 
 The coefficients are selection scores for this checkpoint and this mask distribution, not causal
 guarantees: chunks interact (Trace2Skill: "patch value is combinatorial"), which the additivity
@@ -63,6 +67,8 @@ class GateConfig:
       alpha: 1 - confidence level of the reported intervals.
       cov_type: statsmodels robust covariance of the fit.
       max_active: cap on the number of active chunks after the decision (None: no cap).
+      min_discordant: validation tasks whose paired delta must be non-zero before the gate may
+        change the bank (0: the number of columns + 1, the fewest that can identify them).
       bootstrap_resamples: paired-bootstrap resamples for the summary gain (0 skips it).
       seed: seed of the bootstrap.
     """
@@ -77,6 +83,7 @@ class GateConfig:
     alpha: float = 0.05
     cov_type: str = "HC3"
     max_active: int | None = None
+    min_discordant: int = 0
     bootstrap_resamples: int = 2000
     seed: int = 0
 
@@ -93,6 +100,8 @@ class GateConfig:
             raise ValueError(f"q and alpha must be in (0, 1), got q={self.q}, alpha={self.alpha}")
         if self.max_active is not None and self.max_active < 0:
             raise ValueError(f"max_active must be >= 0 or None, got {self.max_active}")
+        if self.min_discordant < 0:
+            raise ValueError(f"min_discordant must be >= 0, got {self.min_discordant}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +264,35 @@ def decide(
     return bank.next_version(chunks, entries, ledger_extra), tuple(decisions)
 
 
+def evidence(deltas: np.ndarray, num_columns: int, config: GateConfig = GateConfig()) -> tuple[bool, str]:
+    """Whether paired deltas can separate `num_columns` contributions, and why (for the ledger)."""
+    discordant = int(np.count_nonzero(deltas != 0.0))
+    needed = config.min_discordant or num_columns + 1
+    if deltas.size == 0 or np.ptp(deltas) == 0.0:
+        value = float(deltas[0]) if deltas.size else 0.0
+        return False, f"no evidence: all {deltas.size} paired deltas equal {value:+.3f}"
+    if discordant < needed:
+        return False, (f"no evidence: {discordant} of {deltas.size} tasks have a non-zero paired delta, "
+                       f"fewer than the {needed} needed for {num_columns} columns")
+    return True, f"{discordant} of {deltas.size} tasks have a non-zero paired delta"
+
+
+def keep_bank(bank: SkillBank, proposals: Sequence[Proposal], contrib: stats.Contributions, why: str,
+              extra: dict[str, Any] | None = None) -> tuple[SkillBank, tuple[ColumnDecision, ...]]:
+    """The decision when the outcomes carry no information: the bank unchanged, proposals rejected."""
+    decisions, entries, rejected = [], [], []
+    for j, chunk in enumerate(bank.active):
+        est = contrib.row(j)
+        entries.append(LedgerEntry(chunk.id, "retain", f"kept unchanged, {why}", est))
+        decisions.append(ColumnDecision(chunk.id, "chunk", False, "retain", f"kept unchanged, {why}", est))
+    for j, prop in enumerate(proposals, start=len(bank.active)):
+        est = contrib.row(j)
+        decisions.append(ColumnDecision(prop.id, "proposal", False, "reject", f"not judged, {why}", est))
+        rejected.append({**prop.to_json(), "estimate": est, "decision": "reject", "reason": f"not judged, {why}"})
+    ledger_extra = {**(extra or {}), "rejected_proposals": rejected}
+    return bank.next_version(bank.chunks, entries, ledger_extra), tuple(decisions)
+
+
 def _passes(est: dict[str, float], config: GateConfig) -> bool:
     beta = est["beta"]
     if config.rule == "positive":
@@ -359,8 +397,16 @@ def run_gate(
         "config": dataclasses.asdict(config),
         "validation_task_ids": tasks,
     }
-    next_bank, decisions = decide(bank, proposals, contrib, config, extra)
+    informative, why = evidence(random - bare, k, config)
+    extra["evidence"] = {"informative": informative, "reason": why}
+    if informative:
+        next_bank, decisions = decide(bank, proposals, contrib, config, extra)
+    else:
+        log.warning("gate round %d: %s; the bank is kept unchanged and no proposal is judged", bank.round, why)
+        next_bank, decisions = keep_bank(bank, proposals, contrib, why, extra)
     metrics = {f"gate/{k_}": v for k_, v in summary.items() if v is not None and math.isfinite(v)}
+    metrics["gate/evidence"] = float(informative)
+    metrics["gate/discordant"] = float(np.count_nonzero(random != bare))
     metrics.update(
         {
             "gate/chunks_before": float(len(bank.active)),

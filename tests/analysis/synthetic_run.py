@@ -4,6 +4,9 @@ Rounds of training steps (metrics rows in two scopes, rollout files with groups,
 all-wrong groups), a gate closing each round (a real OLS fit of known chunk effects on paired
 bare/random validation episodes, rule-based decisions, the next bank with its ledger), and the
 test outcomes of the four conditions on shared tasks with known success rates.
+
+The run trains on the loose reward, as the quickstart does: every episode's `reward` is its loose
+reward, above the strict one on each failure, so a table that reads one for the other is caught.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def make_run(root: Path, spec: RunSpec = RunSpec()) -> Path:
     rng = np.random.default_rng(spec.seed)
     root.mkdir(parents=True, exist_ok=True)
     rundir.write_json(root / "config.json", {"name": "synthetic", "gate_every": spec.steps_per_round,
-                                             "group_size": spec.group_size, "seed": spec.seed})
+                                             "group_size": spec.group_size, "seed": spec.seed,
+                                             "sim": {"env": {"reward": "loose"}}})
     bank = SkillBank.load(S0)
     bank.save_round(root)
     metrics: list[dict[str, Any]] = []
@@ -60,14 +64,15 @@ def make_run(root: Path, spec: RunSpec = RunSpec()) -> Path:
 def episode(rng: np.random.Generator, eid: str, task: int, group: int, mask: list[int],
             p_success: float, success: bool | None = None) -> dict[str, Any]:
     ok = bool(rng.random() < p_success) if success is None else success
-    reward = 1.0 if ok else float(rng.choice([0.0, 0.25, 0.5, 0.75]))
+    strict = 1.0 if ok else float(rng.choice([0.0, 0.25, 0.5, 0.75]))
+    loose = 1.0 if ok else 0.5 + strict / 2  # partial credit: the reward the run trains on
     turns = int(rng.integers(3, 12))
     tokens = turns * int(rng.integers(20, 60))
     return {
         "episode_id": eid, "task_id": task, "group": group, "skill_mask": mask,
-        "reward": reward, "success": ok,
-        "reward_detail": {"r_type": 1.0, "r_att": reward, "r_option": 1.0 if ok else 0.5,
-                          "r_price": 1.0, "loose": max(reward, 0.5), "strict": reward,
+        "reward": loose, "success": ok,
+        "reward_detail": {"r_type": 1.0, "r_att": strict, "r_option": 1.0 if ok else 0.5,
+                          "r_price": 1.0, "loose": loose, "strict": strict,
                           "success": float(ok), "correct_product": float(ok)},
         "turns": turns, "generated_tokens": tokens, "tokens_per_turn": tokens / turns,
         "searches": int(rng.integers(1, 4)) + (0 if ok else 1),
@@ -104,6 +109,8 @@ def _train_step(root: Path, rng: np.random.Generator, spec: RunSpec, bank: Skill
     rundir.write_jsonl(rundir.rollouts_path(root, step - 1), rows)
     metrics.append({"step": step, "rollout/reward_mean": float(rewards.mean()),
                     "rollout/success": float(np.mean([e["success"] for e in rows])),
+                    "rollout/episodes_generated": float(len(rows)),
+                    "rollout/episodes_admitted": float(sum(e["admitted"] for e in rows)),
                     "rollout/zero_variance_drop_rate": float(np.mean(std == 0)),
                     "perf/rollout_seconds": float(rng.uniform(1, 2))})
     metrics.append({"step": step, "train/pg_loss": float(rng.normal(0, 0.1)),
@@ -178,7 +185,7 @@ def _gate(root: Path, rng: np.random.Generator, spec: RunSpec, bank: SkillBank, 
                     "random_success": float(ok_r.mean()), "full_success": float((full >= 1).mean()),
                     "gain_reward": float((random_arm - bare).mean()),
                     "gain_reward_ci_low": gain.ci_low, "gain_reward_ci_high": gain.ci_high,
-                    "discordance": float((ok_b != ok_r).mean()), "mcnemar_p": mc.p},
+                    "discordance": float((ok_b != ok_r).mean()), "mcnemar_p": mc.p, "evidence": 1.0},
         "additivity": dataclasses.asdict(add),
         "funnel": {"failures": 30 - 5 * bank.round, "recovered_by_retry": 8, "analysed": 22 - 5 * bank.round,
                    "proposals": len(proposals), "rejected": len(proposals) - accepted, "accepted": accepted},
@@ -190,11 +197,14 @@ def _gate(root: Path, rng: np.random.Generator, spec: RunSpec, bank: SkillBank, 
                                  ("full", [1] * k, full[i])):
             e = episode(rng, f"g{bank.round}-{arm}-{i}", 1000 + i, 0, mask, 0.0, success=bool(value >= 1))
             e.update(reward=float(value), arm=arm, round=bank.round, step=step)
-            e["reward_detail"]["strict"] = float(value)
+            # The gate fits the run's (loose) reward; strict gives credit only for a success.
+            e["reward_detail"].update(loose=float(value), strict=float(value) if value >= 1 else 0.0)
             eps.append(e)
     rundir.write_jsonl(rundir.gate_episodes_path(root, bank.round), eps)
     metrics.append({"step": step, **{f"gate/{k_}": v for k_, v in doc["summary"].items()}})
-    nxt = bank.next_version(chunks, entries, {"fit": {"n": n}})
+    deltas = int(np.count_nonzero(random_arm != bare))
+    evidence = {"informative": True, "reason": f"{deltas} of {n} tasks have a non-zero paired delta"}
+    nxt = bank.next_version(chunks, entries, {"fit": {"n": n}, "evidence": evidence})
     nxt.save_round(root)
     return nxt
 

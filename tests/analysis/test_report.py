@@ -51,3 +51,36 @@ def test_not_a_run_exits_with_the_reason(tmp_path: Path, caplog: pytest.LogCaptu
         report_mod.main(["--workdir", str(tmp_path / "missing"), "--quiet"])
     assert e.value.code == 1
     assert "no run directory" in caplog.text
+
+
+def _flat_contributions(value: float) -> dict:
+    """Two chunks over two gates whose every estimate is `value` up to float noise."""
+    rows = [{"round": r, "chunk": c, "kind": "chunk", "beta": value + 1e-17 * r, "ci_low": value - 2e-17,
+             "ci_high": value + 3e-17} for r in (0, 1) for c in ("query-specific", "when-to-buy")]
+    return {"contributions": rows, "run": {"reward": "loose"}}
+
+
+@pytest.mark.parametrize("value", [0.0, 0.25])
+def test_flat_values_keep_a_readable_axis(value: float) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figure = plots.plot_contributions(_flat_contributions(value))
+    FigureCanvasAgg(figure).draw()
+    for ax in (a for a in figure.axes if a.get_visible()):
+        low, high = ax.get_ylim()
+        assert high - low >= 0.1 and low <= value <= high
+        assert ax.yaxis.get_offset_text().get_text() == ""  # no "1e-17" above the axis
+    assert "loose" in figure.get_supylabel()
+
+
+def test_flat_counts_and_rates_start_at_zero() -> None:
+    from matplotlib.figure import Figure
+
+    ax = Figure().subplots()
+    plots.keep_readable_scale(ax, [0.0, 1e-18, None], floor=0.0)
+    assert ax.get_ylim() == (0.0, 1.0)
+    plots.keep_readable_scale(ax, [0.5, 0.5], rate=True)
+    assert ax.get_ylim() == (0.0, 1.0)
+    ax.set_ylim(-3, 7)
+    plots.keep_readable_scale(ax, [0.0, 0.5])  # a real spread keeps matplotlib's own scale
+    assert ax.get_ylim() == (-3.0, 7.0)

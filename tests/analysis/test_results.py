@@ -18,11 +18,13 @@ def rows(run_dir: Path) -> list[dict]:
     return rundir.read_jsonl(rundir.eval_outcomes_path(run_dir))
 
 
-def _arrays(rows: list[dict], cond: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _arrays(rows: list[dict], cond: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Task ids, success, the run's reward (`reward`) and the strict reward, in task order."""
     sel = sorted((r for r in rows if r["condition"] == cond), key=lambda r: r["task_id"])
     return (
         np.array([r["task_id"] for r in sel]),
         np.array([r["success"] for r in sel], bool),
+        np.array([r["reward"] for r in sel]),
         np.array([r["reward_detail"]["strict"] for r in sel]),
     )
 
@@ -31,13 +33,33 @@ def test_condition_table_matches_numpy(rows: list[dict]) -> None:
     table = results.condition_table(rows)
     assert [r["condition"] for r in table] == list(results.DEFAULT_CONDITIONS)
     for r in table:
-        _, ok, rew = _arrays(rows, r["condition"])
+        _, ok, reward, strict = _arrays(rows, r["condition"])
         assert r["n"] == ok.size == 40
         assert r["success"] == pytest.approx(ok.mean(), abs=1e-15)
         assert r["successes"] == int(ok.sum())
-        assert r["reward"] == pytest.approx(rew.mean(), abs=1e-15)
+        assert r["reward"] == pytest.approx(reward.mean(), abs=1e-15)
+        assert r["strict"] == pytest.approx(strict.mean(), abs=1e-15)
+        # The fixture's run trains on the loose reward: above strict wherever an episode fails.
+        assert r["reward"] > r["strict"] + 0.05
     assert {r["condition"]: r["skill"] for r in table}["trained_skill"] == "s2"
     assert {r["condition"]: r["policy"] for r in table}["base_bare"] == "base"
+
+
+def test_reward_is_the_runs_own_and_strict_its_component() -> None:
+    # Hand-made: loose partial credit where strict gives nothing, and a record without a breakdown.
+    rows = [
+        {"condition": "c", "task_id": 1, "reward": 0.5, "success": False,
+         "reward_detail": {"strict": 0.0, "loose": 0.5}},
+        {"condition": "c", "task_id": 2, "reward": 1.0, "success": True,
+         "reward_detail": {"strict": 1.0, "loose": 1.0}},
+        {"condition": "c", "task_id": 3, "reward": 0.25, "success": False},
+    ]
+    (r,) = results.condition_table(rows)
+    assert r["reward"] == pytest.approx((0.5 + 1.0 + 0.25) / 3)
+    assert r["strict"] == pytest.approx((0.0 + 1.0 + 0.25) / 3)
+    assert r["success"] == pytest.approx(1 / 3) and r["successes"] == 1
+    assert results.reward_name({"sim": {"env": {"reward": "loose"}}}) == "loose"
+    assert results.reward_name({}) is None and results.reward_label(None) == "reward"
 
 
 def _exact_mcnemar_p(n10: int, n01: int) -> float:
@@ -67,8 +89,8 @@ def test_paired_comparisons_match_numpy(rows: list[dict]) -> None:
     comps = results.paired_comparisons(rows)
     assert [(c["a"], c["b"]) for c in comps] == list(results.DEFAULT_PAIRS)
     for c in comps:
-        ta, ok_a, rew_a = _arrays(rows, c["a"])
-        tb, ok_b, rew_b = _arrays(rows, c["b"])
+        ta, ok_a, rew_a, strict_a = _arrays(rows, c["a"])
+        tb, ok_b, rew_b, strict_b = _arrays(rows, c["b"])
         assert np.array_equal(ta, tb)
         assert c["n"] == ta.size and c["unpaired"] == 0
         assert c["newly_succeed"] == int(np.sum(ok_a & ~ok_b))
@@ -77,7 +99,10 @@ def test_paired_comparisons_match_numpy(rows: list[dict]) -> None:
         assert c["both_fail"] == int(np.sum(~ok_a & ~ok_b))
         assert c["newly_succeed"] + c["regress"] + c["both_succeed"] + c["both_fail"] == c["n"]
         assert c["mcnemar_p"] == pytest.approx(_exact_mcnemar_p(c["newly_succeed"], c["regress"]))
-        for name, x, y in (("success", ok_a.astype(float), ok_b.astype(float)), ("reward", rew_a, rew_b)):
+        assert c["reward_a"] == pytest.approx(rew_a.mean()) and c["strict_b"] == pytest.approx(strict_b.mean())
+        assert c["reward_diff"] != pytest.approx(c["strict_diff"], abs=1e-3)
+        for name, x, y in (("success", ok_a.astype(float), ok_b.astype(float)), ("reward", rew_a, rew_b),
+                           ("strict", strict_a, strict_b)):
             d = x - y
             assert c[f"{name}_diff"] == pytest.approx(d.mean(), abs=1e-12)
             low, high = _bca(d)
@@ -123,8 +148,13 @@ def test_paired_outcomes_and_text_tables(rows: list[dict]) -> None:
     first = {r["condition"]: r for r in rows if r["task_id"] == wide[0]["task_id"]}
     for cond, r in first.items():
         assert wide[0][f"success/{cond}"] == r["success"]
-        assert wide[0][f"reward/{cond}"] == r["reward_detail"]["strict"]
-    text = results.format_condition_table(results.condition_table(rows))
-    assert "trained_skill" in text and len(text.splitlines()) == 5
+        assert wide[0][f"reward/{cond}"] == r["reward"]
+        assert wide[0][f"strict/{cond}"] == r["reward_detail"]["strict"]
+    text = results.format_condition_table(results.condition_table(rows), "loose")
+    lines = text.splitlines()
+    assert "trained_skill" in text and len(lines) == 5 and "reward (loose)" in lines[0]
+    # Aligned: every row's strict column ends where its header does.
+    end = lines[0].index("strict") + len("strict")
+    assert all(line[end - 1] != " " and line[end] == " " for line in lines)
     comp_text = results.format_comparisons(results.paired_comparisons(rows))
-    assert "trained_skill vs base_skill" in comp_text
+    assert "trained_skill vs base_skill" in comp_text and "d strict [95% CI]" in comp_text

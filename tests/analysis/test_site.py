@@ -84,6 +84,34 @@ def test_static_pages_are_offline_and_numbers_match(report, figures: dict) -> No
     assert 'data-fig="/conditions/3/success"' in results
 
 
+def test_overview_leads_with_the_summarys_headline(report, run_dir: Path, figures: dict) -> None:
+    from intraskill_jax.analysis.summary import format_summary
+
+    page = (report.out / "index.html").read_text(encoding="utf-8")
+    order = ["<h2>Test conditions</h2>", "<h2>Paired differences</h2>", "<h2>Skill bank by round</h2>",
+             "<h2>Training funnel</h2>", "<h2>Run</h2>", "Last value of each metric"]
+    at = [page.index(h) for h in order]
+    assert at == sorted(at) and page.index("<h2>") == at[0]
+    parser = _Numbers()
+    parser.feed(page)
+    shown = {ptr: text for ptr, _, text in parser.numbers}
+    for i in range(4):
+        for outcome in ("reward", "strict", "success"):
+            assert f"/conditions/{i}/{outcome}" in shown
+    for outcome in ("reward", "strict", "success"):
+        assert {f"/comparisons/0/{outcome}_{k}" for k in ("diff", "ci_low", "ci_high")} <= set(shown)
+    assert "/rounds/1/n_retain" in shown and "/training_funnel/episodes_admitted" in shown
+    assert "reward (loose) diff [95% CI]" in page
+    # The terminal prints what the page shows.
+    summary = format_summary(run_dir)
+    c = figures["conditions"][3]
+    row = next(line for line in summary.splitlines() if line.startswith(c["condition"] + " "))
+    assert row.split()[-3:] == [shown["/conditions/3/reward"], shown["/conditions/3/strict"],
+                                shown["/conditions/3/success"]]
+    assert (f'{shown["/comparisons/0/reward_diff"]} [{shown["/comparisons/0/reward_ci_low"]}, '
+            f'{shown["/comparisons/0/reward_ci_high"]}]') in summary
+
+
 def test_skill_texts_of_every_round(report) -> None:
     page = (report.out / "skills.html").read_text(encoding="utf-8")
     for p in sorted((report.bundle / "skills").glob("round_*.json")):

@@ -111,7 +111,7 @@ def make(world, tok, workdir, engine, steps=3):
         return [GroupContext(SKILL, (1,)) for _ in tasks]
 
     learner = Learner(
-        model, tok, world, engine, workdir,
+        model, tok, engine, workdir, tasks=world.splits.train, make_env=lambda: ShopEnv(world),
         config=LearnerConfig(steps=steps, groups_per_step=1, group_size=2, checkpoint_every=2,
                              sampling=SamplingParams(temperature=1.0, max_new_tokens=96)),
         optim=OptimConfig(learning_rate=1e-3), loss=LossConfig(),

@@ -44,8 +44,8 @@ def test_groups_advantages_and_zero_variance_filter(setup):
     engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), script, tok.convert_tokens_to_ids(IM_END))
     tasks = [int(t) for t in world.splits.train[:3]]
     ctx = [GroupContext("skill A", (1, 0)), GroupContext(), GroupContext("skill B", (0, 1))]
-    exp = collect(engine, world, tok, tasks, ctx, group_size=G, sampling=SamplingParams(max_new_tokens=128),
-                  agent=AgentConfig(max_turns=12), make_env=make_env)
+    exp = collect(engine, make_env, tok, tasks, ctx, group_size=G, sampling=SamplingParams(max_new_tokens=128),
+                  agent=AgentConfig(max_turns=12))
     rewards = np.array([t.reward for t in exp.trajectories])
     np.testing.assert_array_equal(rewards, [1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0])
     assert [t.task_id for t in exp.trajectories] == [t for t in tasks for _ in range(G)]
@@ -94,9 +94,9 @@ def test_all_wrong_groups_are_retried_with_the_full_skill_within_engine_capacity
     tasks = [int(t) for t in world.splits.train[:3]]
     full = GroupContext("all chunks", (1, 1))
     # Group 2 ("no idea" everywhere, but with the same script as group 1) is all-wrong too.
-    exp = collect(engine, world, tok, tasks, [GroupContext()] * 3, group_size=G, prefix="s",
+    exp = collect(engine, make_env, tok, tasks, [GroupContext()] * 3, group_size=G, prefix="s",
                   sampling=SamplingParams(max_new_tokens=128), agent=AgentConfig(max_turns=12),
-                  make_env=make_env, max_concurrent=5, retry=full)
+                  max_concurrent=5, retry=full)
     assert max(batches) <= 5
     first, again = exp.trajectories[:3 * G], exp.trajectories[3 * G:]
     assert [t.success for t in first] == [True] + [False] * 11

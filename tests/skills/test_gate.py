@@ -221,3 +221,52 @@ def test_drawn_masks_are_full_rank_with_every_leverage_below_one():
         assert np.linalg.matrix_rank(x) == 13
         hat = x @ np.linalg.inv(x.T @ x) @ x.T
         assert np.diag(hat).max() < 1 - 1e-9
+
+
+@pytest.mark.parametrize("outcome", ["all_zero", "all_equal", "too_few_discordant"])
+def test_no_decision_without_evidence(bank, outcome, caplog):
+    """Outcomes that cannot tell the columns apart keep the bank: every chunk as it was (ledger:
+    retain, with the reason), no proposal judged, and the log says so."""
+    props = [Proposal("r1-new", "add", "New step.", "新步骤。")]
+    k = len(bank.active) + len(props)
+    tasks = list(range(40))
+    wins = set(tasks[:k])  # k discordant tasks: one fewer than the k + 1 the fit needs
+
+    def evaluate(task_ids, contexts):
+        n = len(tasks)
+        if outcome == "all_zero":
+            return [0.0] * len(task_ids)
+        if outcome == "all_equal":  # every random-arm episode beats its bare twin by the same 0.5
+            return [0.0] * n + [0.5] * (len(task_ids) - n)
+        return [0.0] * n + [1.0 if t in wins else 0.0 for t in task_ids[n:2 * n]] + [0.0] * (len(task_ids) - 2 * n)
+
+    with caplog.at_level("WARNING", logger="intraskill_jax.skills.gate"):
+        res = run_gate(evaluate, bank, props, tasks, np.random.default_rng(0),
+                       config=GateConfig(bootstrap_resamples=0))
+    assert res.bank.active_ids == bank.active_ids and res.bank.round == bank.round + 1
+    assert [c.en for c in res.bank.active] == [c.en for c in bank.active]
+    assert [e.action for e in res.bank.ledger] == ["retain"] * len(bank.active)
+    assert all("no evidence" in e.reason for e in res.bank.ledger)
+    assert {d.column: d.action for d in res.decisions}["r1-new"] == "reject"
+    assert res.metrics["gate/evidence"] == 0.0 and res.metrics["gate/retire"] == 0
+    assert res.bank.ledger_extra["evidence"]["informative"] is False
+    assert "no evidence" in caplog.text and "kept unchanged" in caplog.text
+
+
+def test_enough_discordant_pairs_let_the_gate_decide(bank):
+    """One more discordant task (k + 1) and the rule judges: chunk-0 is on in every winning pair
+    and off in every losing one, so it is kept and the ledger cites the fit, not a lack of it."""
+    tasks = list(range(40))
+    k = len(bank.active)
+    moved = set(tasks[:k + 1])
+
+    def evaluate(task_ids, contexts):
+        n = len(tasks)
+        rand = [(1.0 if c.skill_mask[0] else -1.0) if t in moved else 0.0
+                for t, c in zip(task_ids[n:2 * n], contexts[n:2 * n])]
+        return [0.0] * n + rand + [0.0] * (len(task_ids) - 2 * n)
+
+    res = run_gate(evaluate, bank, [], tasks, np.random.default_rng(0), config=GateConfig(bootstrap_resamples=0))
+    assert res.metrics["gate/discordant"] == k + 1 and res.metrics["gate/evidence"] == 1.0
+    assert res.contributions.beta[0] > 0 and "chunk-0" in res.bank.active_ids
+    assert not any("no evidence" in e.reason for e in res.bank.ledger)

@@ -1,0 +1,142 @@
+"""The terminal summary: its numbers against the run's records, and against the report's figures."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from intraskill_jax import rundir
+from intraskill_jax.analysis import training
+from intraskill_jax.analysis.bundle import figures_of_run
+from intraskill_jax.analysis.rundata import load_run
+from intraskill_jax.analysis.summary import format_summary
+from tests.analysis.synthetic_run import RunSpec, make_run
+
+
+def _section(text: str, title: str) -> list[list[str]]:
+    """The rows of the table under the paragraph starting with `title`, split into cells."""
+    block = next(b for b in text.split("\n\n") if b.startswith(title))
+    lines = block.splitlines()[1:]
+    return [re.split(r"\s{2,}", line.strip()) for line in lines]
+
+
+def _by_condition(run_dir: Path) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rundir.read_jsonl(rundir.eval_outcomes_path(run_dir)):
+        out.setdefault(r["condition"], []).append(r)
+    return {c: sorted(rows, key=lambda r: r["task_id"]) for c, rows in out.items()}
+
+
+def test_summary_numbers_follow_from_the_records(report, run_dir: Path, figures: dict) -> None:
+    text = format_summary(run_dir)
+    assert "\x1b[" not in text  # plain text: no colour codes
+    eps = _by_condition(run_dir)
+
+    head, *rows = _section(text, "Test conditions")
+    assert head == ["condition", "policy", "skill", "tasks", "reward (loose)", "strict", "success"]
+    assert [r[0] for r in rows] == ["base_bare", "base_skill", "trained_bare", "trained_skill"]
+    for cond, policy, skill, n, reward, strict, success in rows:
+        e = eps[cond]
+        assert int(n) == len(e) == 40 and policy == e[0]["policy"] and skill == e[0]["skill"]
+        assert reward == f"{np.mean([r['reward'] for r in e]):.3f}"
+        assert strict == f"{np.mean([r['reward_detail']['strict'] for r in e]):.3f}"
+        assert reward != strict  # the fixture's loose reward differs from strict
+        assert success == f"{np.mean([r['success'] for r in e]):.1%}"
+
+    head, *rows = _section(text, "Paired differences")
+    assert head[:4] == ["a vs b", "tasks", "+", "-"]
+    pairs = [tuple(r[0].split(" vs ")) for r in rows]
+    assert pairs[:4] == [("trained_skill", "base_skill"), ("trained_bare", "base_bare"),
+                         ("base_skill", "base_bare"), ("trained_skill", "trained_bare")]
+    for (a, b), row, fig in zip(pairs, rows, figures["comparisons"]):
+        ea, eb = eps[a], eps[b]
+        ok_a, ok_b = np.array([r["success"] for r in ea]), np.array([r["success"] for r in eb])
+        assert int(row[2]) == int(np.sum(ok_a & ~ok_b)) and int(row[3]) == int(np.sum(~ok_a & ok_b))
+        for cell, value in zip(row[4:7], (
+            np.mean([x["reward"] - y["reward"] for x, y in zip(ea, eb)]),
+            np.mean([x["reward_detail"]["strict"] - y["reward_detail"]["strict"] for x, y in zip(ea, eb)]),
+            np.mean(ok_a.astype(float) - ok_b),
+        )):
+            assert cell.split(" ")[0] == f"{value:+.3f}"
+        # The intervals are the report's (figures.json), not a second bootstrap.
+        assert row[4] == f"{fig['reward_diff']:+.3f} [{fig['reward_ci_low']:+.3f}, {fig['reward_ci_high']:+.3f}]"
+
+    head, *rows = _section(text, "Skill bank")
+    assert head == ["gate", "step", "tasks", "new bank", "retained", "rewritten", "added", "retired",
+                    "active", "evidence"]
+    assert len(rows) == 2
+    for row in rows:
+        k = int(row[0])
+        ledger = json.loads((run_dir / "skills" / f"round_{k + 1}" / "ledger.json").read_text())
+        actions = Counter(e["action"] for e in ledger["entries"])
+        gate = json.loads(rundir.gate_path(run_dir, k).read_text())
+        assert int(row[1]) == gate["step"] and int(row[2]) == gate["n"] and row[3] == ledger["skill"]
+        assert [int(x) for x in row[4:8]] == [actions[a] for a in ("retain", "rewrite", "add", "retire")]
+        assert row[9] == f"yes: {ledger['evidence']['reason']}"
+
+    metrics = rundir.read_jsonl(run_dir / "metrics.jsonl")
+    generated = sum(r.get("rollout/episodes_generated", 0) for r in metrics)
+    admitted = sum(r.get("rollout/episodes_admitted", 0) for r in metrics)
+    updated = sum(r.get("train/updated", 0) > 0 for r in metrics)
+    assert (f"Training: 10 steps; {generated:.0f} episodes generated, {admitted:.0f} admitted to the "
+            f"update ({admitted / generated:.1%}); {updated} of 10 steps updated the policy") in text
+    assert f"Report:      {run_dir / 'report' / 'index.html'}\n" in text
+    assert text.endswith(f"TensorBoard: tensorboard --logdir {run_dir / 'tb'}")
+
+
+def test_summary_figures_are_the_reports(report, run_dir: Path, figures: dict) -> None:
+    assert json.loads(json.dumps(figures_of_run(load_run(run_dir)))) == figures
+
+
+def test_summary_of_a_run_without_evaluation_or_gate(partial_run_dir: Path, tmp_path: Path) -> None:
+    text = format_summary(partial_run_dir)
+    assert "Test conditions: no evaluation yet (eval/outcomes.jsonl is absent)" in text
+    assert "Paired differences" not in text
+    assert "1 incomplete or damaged record(s)" in text
+    assert "Report:      not built yet: `intraskill report" in text
+
+    fresh = make_run(tmp_path / "fresh", RunSpec(rounds=0, extra_steps=2, with_eval=False))
+    text = format_summary(fresh)
+    assert "Skill bank: no gate has closed a round yet" in text.splitlines()
+    assert "Training: 2 steps;" in text
+
+
+def test_bank_rounds_without_evidence_and_from_old_runs() -> None:
+    gates = [{"round": 0, "step": 5, "n": 48, "summary": {"evidence": 0.0}},
+             {"round": 1, "step": 10, "n": 48, "summary": {}},
+             {"round": 2, "step": 15, "n": 48, "summary": {"evidence": 1.0}}]
+    why = "no evidence: all 48 paired deltas equal +0.000"
+    skills = [
+        {"round": 1, "name": "s1", "chunks": [{"status": "active"}] * 3,
+         "ledger": [{"action": "retain"}] * 3, "evidence": {"informative": False, "reason": why}},
+        {"round": 2, "name": "s2", "chunks": [{"status": "active"}, {"status": "retired"}],
+         "ledger": [{"action": "retain"}, {"action": "retire"}, {"action": "rewrite"}], "evidence": None},
+    ]
+    kept, old, unwritten = training.bank_rounds(gates, skills)
+    assert (kept["n_retain"], kept["n_retire"], kept["active"], kept["informative"]) == (3, 0, 3, False)
+    assert training.describe_evidence(kept) == f"{why}; bank kept unchanged"
+    assert (old["n_retire"], old["n_rewrite"], old["active"], old["informative"]) == (1, 1, 1, None)
+    assert training.describe_evidence(old).startswith("not recorded")
+    assert unwritten["skill"] is None and unwritten["n_retain"] is None and unwritten["informative"] is True
+
+
+def test_training_funnel_counts() -> None:
+    rows = [{"step": 1, "rollout/episodes_generated": 64.0, "rollout/episodes_admitted": 16.0, "train/updated": 1.0},
+            {"step": 2, "rollout/episodes_generated": 64.0, "rollout/episodes_admitted": 0.0, "train/updated": 0.0},
+            {"step": 3}]
+    f = training.training_funnel(rows)
+    assert f == {"steps": 3, "episodes_generated": 128, "episodes_admitted": 16, "admitted_share": 0.125,
+                 "steps_with_update": 2, "steps_updated": 1}
+    assert training.training_funnel([{"step": 1}])["episodes_generated"] is None
+
+
+def test_summary_of_no_run_names_the_path(tmp_path: Path) -> None:
+    from intraskill_jax.analysis.rundata import RunDataError
+
+    with pytest.raises(RunDataError, match="no run directory"):
+        format_summary(tmp_path / "missing")
