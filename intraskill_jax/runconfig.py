@@ -278,10 +278,15 @@ def load(config: Any) -> RunConfig:
 
 
 def load_file(path: str | Path) -> RunConfig:
-    """Loads a config file (`configs/<name>.py`, its `get_config()`) outside absl's flag parsing."""
+    """Loads a config file (`configs/<name>.py`, its `get_config()`) outside absl's flag parsing;
+    `configs/<name>.py:<preset>` passes the preset to `get_config`, as `--config=` does."""
     import importlib.util
 
-    path = Path(path)
+    text = str(path)
+    preset = None
+    if not Path(text).is_file() and ":" in text:
+        text, preset = text.rsplit(":", 1)
+    path = Path(text)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
     spec = importlib.util.spec_from_file_location(f"_intraskill_config_{path.stem}", path)
@@ -289,7 +294,25 @@ def load_file(path: str | Path) -> RunConfig:
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path} defines no get_config()")
-    return load(module.get_config())
+    try:
+        config = module.get_config() if preset is None else module.get_config(preset)
+    except ValueError as e:
+        raise ConfigError(f"{path}:{preset}: {e}") from None
+    return load(config)
+
+
+def with_overrides(config: RunConfig, overrides: Mapping[str, Any]) -> RunConfig:
+    """`config` with dotted fields replaced (`{"train.rounds": 1}`), checked like a loaded config."""
+    values = config.to_dict()
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = values
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                raise ConfigError(f"override {key!r}: {part!r} is not a config section")
+            node = node[part]
+        node[leaf] = value
+    return load(values)
 
 
 def resolve_repo_path(path: str) -> Path:

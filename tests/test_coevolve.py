@@ -22,43 +22,13 @@ from intraskill_jax.skills.bank import SkillBank, latest_round
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.py"
 
-# The quickstart, shrunk to minutes on two cores: a smaller world, 2 rounds of 2 steps, short episodes.
-SHORT = {
-    "policy.init.hidden_size": 64, "policy.init.intermediate_size": 128, "policy.init.head_dim": 16,
-    "policy.init.linear_key_head_dim": 16, "policy.init.linear_value_head_dim": 16,
-    "policy.tokenizer_vocab_size": 1024,
-    "sim.catalog.num_products": 1200, "sim.splits.num_test": 20, "sim.splits.num_validation": 20,
-    "agent.max_turns": 4, "agent.max_context_tokens": 3072, "agent.max_observation_chars": 300,
-    "rollout.sampler.max_batch": 16, "rollout.sampler.max_length": 6144,
-    "rollout.sampler.prefill_buckets": (64, 512), "rollout.sampler.decode_buckets": (32,),
-    "rollout.sampling.max_new_tokens": 32, "eval.sampling.max_new_tokens": 32,
-    "warm_start.num_demos": 16, "warm_start.sft.batch_size": 8, "warm_start.sft.epochs": 1,
-    "warm_start.heldout_demos": 4,
-    "train.rounds": 2, "train.gate_every": 2, "train.groups_per_step": 2, "train.group_size": 2,
-    "train.checkpoint_every": 1,
-    "skills.validation_tasks": 16, "skills.analysts.max_proposals": 2, "skills.gate.bootstrap_resamples": 200,
-    "eval.num_tasks": 4,
-}
+SMOKE = f"{QUICKSTART}:smoke"  # the quickstart shrunk to minutes on two cores (configs/quickstart.py)
 
 
 def short_config():
     from intraskill_jax import runconfig
 
-    cd = runconfig.load_file(QUICKSTART).to_dict()
-    for key, value in SHORT.items():
-        node = cd
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return runconfig.load(cd)
-
-
-def cli_overrides():
-    def fmt(v):
-        return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
-
-    return [f"--config.{k}={fmt(v)}" for k, v in SHORT.items()]
+    return runconfig.load_file(SMOKE)
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +132,8 @@ def test_evaluation_report_and_bundle(finished_run):
 
 def _train_cmd(workdir):
     # One round: its records must equal the first round of the two-round reference (same seeds).
-    return [sys.executable, "-m", "intraskill_jax.cli", "train", f"--config={QUICKSTART}", f"--workdir={workdir}",
-            "--quiet", *cli_overrides(), "--config.train.rounds=1"]
+    return [sys.executable, "-m", "intraskill_jax.cli", "train", f"--config={SMOKE}", f"--workdir={workdir}",
+            "--quiet", "--config.train.rounds=1"]
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """Model throughput: our jitted Flax NNX Qwen3.5 against transformers (PyTorch) in one run.
 
-    python -m intraskill_jax.bench.model --json            # small CPU config
-    python -m intraskill_jax.bench.model --json --size 4b  # Qwen3.5-4B shapes, bf16 (accelerator)
+    python -m intraskill_jax.bench.model --json                     # small config, both kernel sets
+    python -m intraskill_jax.bench.model --json --size quickstart   # the CPU quickstart's policy
+    python -m intraskill_jax.bench.model --json --size 4b           # Qwen3.5-4B shapes, bf16 (accelerator)
 
 Both sides get the same architecture, batch and token ids (random weights each). Measured:
   * training: forward + backward of the mean next-token NLL (ours: the chunked token-logprob path
@@ -9,7 +10,13 @@ Both sides get the same architecture, batch and token ids (random weights each).
   * decode: greedy generation with a cache, prefill included, tokens/s = batch x new tokens / time
     (ours: prefill + `lax.scan` over decode steps in one jit; transformers: a manual loop over
     `past_key_values`, which avoids `generate`'s per-step overhead and so is the stronger peer).
-Every timing is a median over repeats after a warm-up; JAX results are blocked on.
+Ours runs once per kernel set (`--kernels`): `default` (DeltaNet chunks of 64, one fused
+attention: the GPU/TPU shapes) and `cpu` (chunks of 16, causal attention in query blocks of 128:
+what the CPU quickstart uses). Everything is warmed up first (compilation excluded), then timed in
+alternating rounds, ours and transformers taking turns; each side's best round counts, since
+load from other processes only ever slows a run down. The JSON carries every round, the CPU
+seconds of the best ones (a cross-check less tied to load) and the load averages around the run:
+a figure counts only from a quiet machine.
 """
 
 from __future__ import annotations
@@ -20,7 +27,6 @@ import json
 import logging
 import os
 import resource
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,72 +58,61 @@ class BenchShape:
     decode_batch: int
     prompt: int
     new_tokens: int
-    repeats: int
 
 
 SIZES: dict[str, tuple[Callable[[], ModelConfig], BenchShape]] = {
     "small": (
         lambda: ModelConfig(
-            family="qwen3_5",
-            vocab_size=8192,
-            hidden_size=256,
-            intermediate_size=768,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=64,
-            rope_theta=1e7,
-            partial_rotary_factor=0.25,
-            linear_num_key_heads=4,
-            linear_num_value_heads=8,
-            linear_key_head_dim=32,
-            linear_value_head_dim=32,
-            linear_conv_kernel_dim=4,
-            tie_word_embeddings=True,
-            dtype="float32",
-            param_dtype="float32",
+            family="qwen3_5", vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=1e7, partial_rotary_factor=0.25,
+            linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32,
+            linear_conv_kernel_dim=4, tie_word_embeddings=True, dtype="float32", param_dtype="float32",
         ),
-        BenchShape(batch=4, seq=512, decode_batch=8, prompt=64, new_tokens=64, repeats=3),
+        BenchShape(batch=4, seq=512, decode_batch=8, prompt=64, new_tokens=64),
+    ),
+    # configs/quickstart.py's policy (vocabulary as its tokenizer ends up) at an SFT batch and at
+    # the rollout batch of the quickstart's sampler.
+    "quickstart": (
+        lambda: ModelConfig.tiny_qwen3_5(
+            vocab_size=1024, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+            layer_types=("linear_attention", "full_attention"), num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+            linear_value_head_dim=32, tie_word_embeddings=True,
+        ),
+        BenchShape(batch=8, seq=1024, decode_batch=32, prompt=128, new_tokens=32),
     ),
     "4b": (
         lambda: ModelConfig.qwen3_5_4b(dtype="bfloat16", param_dtype="bfloat16", remat="full"),
-        BenchShape(batch=4, seq=2048, decode_batch=64, prompt=512, new_tokens=128, repeats=3),
+        BenchShape(batch=4, seq=2048, decode_batch=64, prompt=512, new_tokens=128),
     ),
 }
+# name -> (gdn_chunk_size, attention_block_size)
+KERNELS = {"default": (64, 0), "cpu": (16, 128)}
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # warm-up (compilation, allocator)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 # --------------------------------------------------------------------------- ours
-def _ours(
-    config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray
-) -> tuple[float, float]:
+def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray,
+          prompt: np.ndarray) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(train step, generation) with their inputs bound, compiled and warmed up."""
     model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def nll(params: Any, ids: jax.Array) -> jax.Array:
         m = nnx.merge(graphdef, params, rest)
         hidden, _ = m.hidden_states(ids[:, :-1])
-        lp = logprobs_from_hidden(
-            hidden,
-            m.output_embedding(),
-            ids[:, 1:],
-            chunk_size=config.logits_chunk_size,
-            compute_dtype=config.compute_dtype,
-        )
+        lp = logprobs_from_hidden(hidden, m.output_embedding(), ids[:, 1:], chunk_size=config.logits_chunk_size,
+                                  compute_dtype=config.compute_dtype)
         return -jnp.mean(lp)
 
     train_step = jax.jit(jax.value_and_grad(nll))
     ids = jnp.asarray(train_ids)
-    train_s = _median_seconds(lambda: jax.block_until_ready(train_step(params, ids)), shape.repeats)
 
     @jax.jit
     def generate(params: Any, prompt: jax.Array) -> jax.Array:
@@ -137,16 +132,15 @@ def _ours(
         return jnp.concatenate([first[:, None], rest_tokens.T], axis=1)
 
     prompt_ids = jnp.asarray(prompt)
-    decode_s = _median_seconds(
-        lambda: jax.block_until_ready(generate(params, prompt_ids)), shape.repeats
-    )
-    return train_s, decode_s
+    train = lambda: jax.block_until_ready(train_step(params, ids))  # noqa: E731
+    decode = lambda: jax.block_until_ready(generate(params, prompt_ids))  # noqa: E731
+    train(), decode()
+    return train, decode
 
 
 # --------------------------------------------------------------------------- transformers
-def _reference(
-    config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray
-) -> tuple[float, float]:
+def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray,
+               prompt: np.ndarray) -> tuple[Callable[[], Any], Callable[[], Any]]:
     import torch
     from transformers import Qwen3_5ForCausalLM as HFModel
     from transformers import Qwen3_5TextConfig
@@ -159,20 +153,17 @@ def _reference(
     model = HFModel(Qwen3_5TextConfig(**hf)).to(device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     ids = torch.as_tensor(train_ids, device=device)
+    prompt_t = torch.as_tensor(prompt, device=device)
 
-    def train_step() -> None:
+    def train() -> None:
+        model.train()
         model.zero_grad(set_to_none=True)
         model(input_ids=ids, labels=ids).loss.backward()
         sync()
 
-    model.train()
-    train_s = _median_seconds(train_step, shape.repeats)
-    model.zero_grad(set_to_none=True)
-    model.eval()
-    prompt_t = torch.as_tensor(prompt, device=device)
-
     @torch.inference_mode()
-    def generate() -> None:
+    def decode() -> None:
+        model.eval()
         out = model(input_ids=prompt_t, use_cache=True)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         for _ in range(shape.new_tokens - 1):
@@ -180,8 +171,8 @@ def _reference(
             token = out.logits[:, -1].argmax(-1, keepdim=True)
         sync()
 
-    decode_s = _median_seconds(generate, shape.repeats)
-    return train_s, decode_s
+    train(), decode()
+    return train, decode
 
 
 # --------------------------------------------------------------------------- report
@@ -193,48 +184,50 @@ def _peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
 
 
-def run(size: str = "small", skip_reference: bool = False) -> dict[str, Any]:
+def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: int = 3,
+        skip_reference: bool = False) -> dict[str, Any]:
     config, shape = SIZES[size][0](), SIZES[size][1]
     rng = np.random.default_rng(0)
     train_ids = rng.integers(0, config.vocab_size, (shape.batch, shape.seq + 1), dtype=np.int64)
     prompt = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.prompt), dtype=np.int64)
-    train_s, decode_s = _ours(config, shape, train_ids.astype(np.int32), prompt.astype(np.int32))
+    sides: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {}
+    for name in kernels:
+        chunk, block = KERNELS[name]
+        kernel_config = dataclasses.replace(config, gdn_chunk_size=chunk, attention_block_size=block)
+        sides[name] = _ours(kernel_config, shape, train_ids.astype(np.int32), prompt.astype(np.int32))
     peak = _peak_gib()  # before torch runs, so RSS reflects our side only
-    train_tokens = shape.batch * shape.seq
-    decode_tokens = shape.decode_batch * shape.new_tokens
+    if not skip_reference:
+        sides["transformers"] = _reference(config, shape, train_ids[:, :-1], prompt)
+    load_before = os.getloadavg()
+    times: dict[str, dict[str, list[tuple[float, float]]]] = {n: {"train": [], "decode": []} for n in sides}
+    for _ in range(rounds):
+        for name, (train, decode) in sides.items():
+            times[name]["train"].append(_timed(train))
+            times[name]["decode"].append(_timed(decode))
+    load_after = os.getloadavg()
+    work = {"train": shape.batch * shape.seq, "decode": shape.decode_batch * shape.new_tokens}
     result: dict[str, Any] = {
         "device": f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind} x{jax.device_count()}",
         "config": {
-            "size": size,
-            **dataclasses.asdict(shape),
-            **{
-                k: v
-                for k, v in config.to_hf_dict().items()
-                if k
-                in (
-                    "hidden_size",
-                    "num_hidden_layers",
-                    "intermediate_size",
-                    "vocab_size",
-                    "layer_types",
-                )
-            },
-            "dtype": config.dtype,
-            "remat": config.remat,
-            "threads": os.cpu_count(),
+            "size": size, **dataclasses.asdict(shape), "rounds": rounds,
+            **{k: v for k, v in config.to_hf_dict().items()
+               if k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "layer_types")},
+            "dtype": config.dtype, "remat": config.remat, "kernels": {n: KERNELS[n] for n in kernels},
+            "threads": os.cpu_count(), "load_average_before": load_before, "load_average_after": load_after,
         },
-        "train_tokens_per_s": train_tokens / train_s,
-        "decode_tokens_per_s": decode_tokens / decode_s,
         "peak_memory_gib": peak,
     }
+    for name, per_task in times.items():
+        for task, runs in per_task.items():
+            wall, cpu = min(runs)
+            result[f"{task}_tokens_per_s_{name}"] = work[task] / wall
+            result[f"{task}_cpu_seconds_{name}"] = cpu
+            result[f"{task}_seconds_all_{name}"] = [round(w, 4) for w, _ in runs]
     if not skip_reference:
-        ref_train_s, ref_decode_s = _reference(config, shape, train_ids[:, :-1], prompt)
-        result.update(
-            train_tokens_per_s_ref=train_tokens / ref_train_s,
-            decode_tokens_per_s_ref=decode_tokens / ref_decode_s,
-            train_speedup=ref_train_s / train_s,
-            decode_speedup=ref_decode_s / decode_s,
-        )
+        for name in kernels:
+            for task in work:
+                result[f"{task}_speedup_{name}"] = (result[f"{task}_tokens_per_s_{name}"]
+                                                    / result[f"{task}_tokens_per_s_transformers"])
     return result
 
 
@@ -242,16 +235,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
-    parser.add_argument(
-        "--skip-reference", action="store_true", help="time only our model (no transformers run)"
-    )
+    parser.add_argument("--kernels", default=",".join(KERNELS),
+                        help=f"kernel sets of our model, comma-separated ({', '.join(KERNELS)})")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating timed rounds (each side's best counts)")
+    parser.add_argument("--skip-reference", action="store_true", help="time only our model (no transformers run)")
     args = parser.parse_args(argv)
-    result = run(args.size, args.skip_reference)
+    kernels = tuple(k for k in args.kernels.split(",") if k)
+    unknown = [k for k in kernels if k not in KERNELS]
+    if unknown or not kernels:
+        parser.error(f"--kernels: unknown {unknown}; known: {', '.join(KERNELS)}")
+    result = run(args.size, kernels, args.rounds, args.skip_reference)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
         for key, value in sorted(result.items()):
-            print(f"{key:28s} {value}")
+            print(f"{key:34s} {value}")
 
 
 if __name__ == "__main__":
