@@ -40,6 +40,7 @@ from intraskill_jax import rundir
 from intraskill_jax.agent.demos import oracle_agreement, oracle_demonstrations
 from intraskill_jax.agent.episode import EpisodeSpec, run_episodes
 from intraskill_jax.agent.trajectory import Trajectory
+from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.learner import Learner, LearnerConfig
 from intraskill_jax.rl.rollouts import Experience, GroupContext
 from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
@@ -150,7 +151,8 @@ def load_tokenizer(path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def warm_start(config: RunConfig, workdir: str | Path, base: Path, world: World, *, progress: bool = True) -> Path:
+def warm_start(config: RunConfig, workdir: str | Path, base: Path, world: World, *,
+               progress: bool | Progress = True) -> Path:
     """SFT on oracle demonstrations (rendered by the agent loop under training-like skill masks).
 
     Returns the HF directory of the warm-started policy, `<workdir>/sft/hf/` (or `base` when the
@@ -163,11 +165,18 @@ def warm_start(config: RunConfig, workdir: str | Path, base: Path, world: World,
     out = sft_dir / "hf"
     if (out / "config.json").is_file():
         return out
+    progress = as_progress(progress)
+    with progress.stage("sft", unit="update"):  # the demonstrations and the held-out scoring too
+        return _warm_start(config, sft_dir, base, world, progress)
+
+
+def _warm_start(config: RunConfig, sft_dir: Path, base: Path, world: World, progress: Progress) -> Path:
     from intraskill_jax.checkpoint import Checkpointer
     from intraskill_jax.metrics import MetricsWriter
     from intraskill_jax.models.params import save_pretrained
     from intraskill_jax.rl.sft import run_sft
 
+    ws, out = config.warm_start, sft_dir / "hf"
     tokenizer = load_tokenizer(base)
     lang = config.sim.catalog.lang
     bank = SkillBank.load(resolve_repo_path(config.skills.initial))
@@ -235,15 +244,18 @@ def play(engine: RolloutEngine, world: World, tokenizer: Any, config: RunConfig,
 class Coevolution:
     """One training run in `workdir`; `run()` trains to the end (resuming whatever is there)."""
 
-    def __init__(self, config: RunConfig, workdir: str | Path, *, progress: bool = True,
+    def __init__(self, config: RunConfig, workdir: str | Path, *, progress: bool | Progress = True,
                  world: World | None = None, mesh: Any = None, engine: RolloutEngine | None = None):
         """`engine` replaces the configured rollout engine (e.g. a scripted policy in a test)."""
-        self.config, self.workdir, self.progress = config, Path(workdir), progress
+        self.config, self.workdir = config, Path(workdir)
+        self.progress = progress = as_progress(progress)
         self.workdir.mkdir(parents=True, exist_ok=True)
         _check_config_unchanged(config, self.workdir)
-        self.world = world or build_world(config.sim, progress=progress)
-        self.lang = config.sim.catalog.lang
-        base = prepare_policy(config, self.workdir, self.world)
+        with progress.stage("setup", 1) as bar:
+            self.world = world or build_world(config.sim)
+            self.lang = config.sim.catalog.lang
+            base = prepare_policy(config, self.workdir, self.world)
+            bar.update()
         self.policy_path = warm_start(config, self.workdir, base, self.world, progress=progress)
         self.tokenizer = load_tokenizer(self.policy_path)
         # Accelerators shard over the configured mesh; CPU "devices" are test fakes (or host
@@ -328,16 +340,14 @@ class Coevolution:
 
     def run(self) -> SkillBank:
         """Trains to the last step; returns the final bank (S_T)."""
-        from tqdm.auto import tqdm
-
         learner, t = self.learner, self.config.train
-        bar = tqdm(total=t.steps, initial=learner.step, desc="co-evolution", unit="step", disable=not self.progress)
+        bar = self.progress.stage("co-evolution", t.steps, unit="step", initial=learner.step)
         if self._gate_pending(learner.step):
             self.gate()
         while learner.step < t.steps:
-            learner.train_step()
-            bar.update(1)
-            bar.set_postfix(round=self.bank.round, chunks=len(self.bank.active))
+            m = learner.train_step()
+            bar.update(round=self.bank.round, chunks=len(self.bank.active),
+                       admitted=f"{m.get('rollout/episodes_admitted', 0):.0f}/{m.get('rollout/episodes_generated', 0):.0f}")
             if learner.step % t.gate_every == 0:
                 if learner.step % t.checkpoint_every and learner.step != t.steps:
                     learner.save_checkpoint()  # the gate always starts from a saved checkpoint
@@ -360,6 +370,12 @@ class Coevolution:
 
     def gate(self) -> SkillBank:
         """Closes the current round: analysts, the three-arm validation, the decision, the commit."""
+        with self.progress.stage("gate", self.config.train.rounds, unit="round", initial=self.bank.round) as bar:
+            bank = self._gate()
+            bar.update(chunks=len(bank.active))
+        return bank
+
+    def _gate(self) -> SkillBank:
         cfg, step, bank = self.config, self.learner.step, self.bank
         r = bank.round
         rows = self._round_rows(r)

@@ -25,6 +25,7 @@ from sim.world import World, build_world
 
 from intraskill_jax import rundir
 from intraskill_jax.coevolve import load_policy, load_tokenizer, make_engine, play, prepare_policy
+from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.rollouts import GroupContext
 from intraskill_jax.runconfig import CONDITIONS, RunConfig, resolve_repo_path
 from intraskill_jax.skills.bank import SkillBank, latest_round
@@ -93,17 +94,17 @@ def skill_bank(config: RunConfig, workdir: Path, which: str) -> SkillBank | None
 
 
 def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condition] | None = None, *,
-             world: World | None = None, progress: bool = True, out: Path | None = None) -> list[dict[str, Any]]:
+             world: World | None = None, progress: bool | Progress = True,
+             out: Path | None = None) -> list[dict[str, Any]]:
     """Plays every condition on the same test tasks; writes (to `out`, default eval/outcomes.jsonl)
     and returns the outcome rows."""
-    from tqdm.auto import tqdm
-
+    progress = as_progress(progress)
     workdir = Path(workdir)
     conditions = list(conditions or [DEFAULT[c] for c in config.eval.conditions])
     names = [c.name for c in conditions]
     if len(set(names)) != len(names):
         raise ValueError(f"condition names must be unique: {names}")
-    world = world or build_world(config.sim, progress=progress)
+    world = world or build_world(config.sim)
     lang = config.sim.catalog.lang
     tasks = [int(t) for t in world.splits.test[: config.eval.num_tasks]]
     if len(tasks) < config.eval.num_tasks:
@@ -113,7 +114,7 @@ def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condit
     banks = {c.skill: skill_bank(config, workdir, c.skill) for c in conditions}
     rows: list[dict[str, Any]] = []
     engine, tokenizer = None, None
-    bar = tqdm(total=len(conditions) * len(tasks), desc="evaluation", unit="episode", disable=not progress)
+    bar = progress.stage("evaluation", len(conditions) * len(tasks), unit="episode")
     for version, policy in enumerate(dict.fromkeys(c.policy for c in conditions)):
         path = paths[policy]
         tokenizer = load_tokenizer(path)
@@ -135,8 +136,7 @@ def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condit
                              "chunks": [] if bank is None else [c for c, on in zip(bank.active_ids, mask) if on]})
             success = sum(t.success for t in trajs) / len(trajs)
             log.info("%s: success %.3f over %d tasks", cond.name, success, len(trajs))
-            bar.update(len(trajs))
-            bar.set_postfix({cond.name: f"{success:.3f}"})
+            bar.update(len(trajs), **{cond.name: f"{success:.3f}"})
     bar.close()
     rundir.write_jsonl(out or rundir.eval_outcomes_path(workdir), rows)
     return rows

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from intraskill_jax import runconfig
+from intraskill_jax.progress import Planned, Progress
 
 QUICKSTART = str(Path(__file__).resolve().parent.parent / "configs" / "quickstart.py")
 
@@ -32,6 +34,25 @@ _CONDITIONS = flags.DEFINE_list("conditions", None, "eval conditions: names (bas
 _QUIET = flags.DEFINE_bool("quiet", False, "no progress bars")
 _K = flags.DEFINE_integer("k", 3, "rank: chunks per subset (top-k, bottom-k, random-k)")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "multiseed: training seeds (one run each, under --workdir)")
+
+
+def job_plan(config: runconfig.RunConfig, command: str) -> list[Planned]:
+    """The stages `command` runs, with prior costs: seconds measured for configs/quickstart.py on
+    two CPU cores, scaled by each stage's size. Only their ratios matter: the display rescales them
+    by the speed it observes, and replaces a running stage's prior with its own rate."""
+    ws, t, sk = config.warm_start, config.train, config.skills
+    episode = 0.17  # seconds per evaluation episode at the quickstart's size
+    updates = math.ceil(0.7 * ws.num_demos / ws.sft.batch_size) * ws.sft.epochs  # ~70% of oracle runs succeed
+    arms = 3 if sk.gate.full_arm else 2
+    train = [Planned("setup", 1, per_unit=12.0),
+             Planned("sft", updates if ws.enabled else 0, per_unit=0.3 * ws.sft.batch_size, startup=30.0),
+             Planned("co-evolution", t.steps, per_unit=0.8 * t.groups_per_step * t.group_size, startup=35.0),
+             Planned("gate", t.rounds if sk.mode == "coevolve" else 0, per_unit=2 * episode * arms * sk.validation_tasks)]
+    conditions = 5 if command == "rank" else len(config.eval.conditions)
+    evaluation = [Planned("evaluation", conditions * config.eval.num_tasks, per_unit=episode, startup=10.0)]
+    report = [Planned("report", 5, per_unit=2.5)]
+    return {"sft": train[:2], "train": train, "eval": evaluation, "rank": evaluation, "multiseed": train + evaluation,
+            "quickstart": train + evaluation + report}[command]
 
 
 def _setup(command: str):
@@ -48,7 +69,7 @@ def _setup(command: str):
     except runconfig.ConfigError as e:
         raise app.UsageError(str(e)) from None
     workdir = Path(_WORKDIR.value or f"runs/{config.name}")
-    return config, workdir, not _QUIET.value
+    return config, workdir, Progress(job_plan(config, command), enabled=not _QUIET.value)
 
 
 def _train(config, workdir, progress):
@@ -59,7 +80,7 @@ def _train(config, workdir, progress):
         bank = run.run()
     finally:
         run.close()
-    print(f"trained policy: {workdir / 'hf' / 'final'}; final skill: {bank.name} ({len(bank.active)} chunks)")
+    progress.write(f"trained policy: {workdir / 'hf' / 'final'}; final skill: {bank.name} ({len(bank.active)} chunks)")
 
 
 def _eval(config, workdir, progress):
@@ -84,7 +105,7 @@ def _rank(config, workdir, progress):
     bank = skill_bank(config, workdir, "final")
     rows = evaluate(config, workdir, ranking_conditions(bank, _K.value, config.eval.seed), progress=progress,
                     out=rundir.eval_outcomes_path(workdir).with_name("ranking.jsonl"))
-    print(format_condition_table(condition_table(rows)))
+    progress.write(format_condition_table(condition_table(rows)))
 
 
 def _multiseed(config, workdir, progress):
@@ -101,8 +122,10 @@ def _multiseed(config, workdir, progress):
     for seed in (int(s) for s in _SEEDS.value):
         cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed))
         out = workdir / f"seed_{seed}"
-        _train(cfg, out, progress)
-        per_seed[seed] = {r["condition"]: r for r in condition_table(evaluate(cfg, out, progress=progress))}
+        with Progress(job_plan(cfg, "multiseed"), enabled=progress.enabled) as seed_progress:  # one display per seed
+            _train(cfg, out, seed_progress)
+            rows = evaluate(cfg, out, progress=seed_progress)
+        per_seed[seed] = {r["condition"]: r for r in condition_table(rows)}
     pooled = {}
     for cond in sorted({c for table in per_seed.values() for c in table}):
         values = np.array([table[cond]["success"] for table in per_seed.values() if cond in table])
@@ -116,6 +139,13 @@ def _multiseed(config, workdir, progress):
 def main(argv: list[str]) -> None:
     command = argv[1]
     config, workdir, progress = _setup(command)
+    with progress, progress.logging_to_bar("intraskill_jax", "sim"):
+        _command(command, config, workdir, progress)
+    if command in ("eval", "quickstart"):
+        _summary(workdir)
+
+
+def _command(command: str, config: runconfig.RunConfig, workdir: Path, progress: Progress) -> None:
     # Our progress lines at INFO; library chatter (orbax, absl, jax) only from WARNING up.
     logging.getLogger().setLevel(logging.WARNING)
     for name in ("intraskill_jax", "sim"):
@@ -125,24 +155,29 @@ def main(argv: list[str]) -> None:
 
         from intraskill_jax.coevolve import prepare_policy, warm_start
 
-        world = build_world(config.sim, progress=progress)
-        print(warm_start(config, workdir, prepare_policy(config, workdir, world), world, progress=progress))
+        with progress.stage("setup", 1) as bar:
+            world = build_world(config.sim)
+            base = prepare_policy(config, workdir, world)
+            bar.update()
+        out = warm_start(config, workdir, base, world, progress=progress)
+        progress.close()
+        print(out)
     elif command == "train":
         _train(config, workdir, progress)
     elif command == "eval":
         _eval(config, workdir, progress)
-        _summary(workdir)
     elif command == "rank":
         _rank(config, workdir, progress)
     elif command == "multiseed":
         _multiseed(config, workdir, progress)
     elif command == "quickstart":
-        from intraskill_jax.analysis import report
+        from intraskill_jax.analysis.report import build_report, print_report
 
         _train(config, workdir, progress)
         _eval(config, workdir, progress)
-        report.main(["--workdir", str(workdir)])
-        _summary(workdir)
+        report = build_report(workdir, progress=progress)
+        progress.close()
+        print_report(report, workdir)
     else:
         raise app.UsageError(f"unknown command {command!r}")
 

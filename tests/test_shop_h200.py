@@ -17,7 +17,7 @@ CPU_SIZE = {
     "policy.init.head_dim": 16, "policy.init.linear_key_head_dim": 16, "policy.init.linear_value_head_dim": 16,
     "policy.tokenizer_vocab_size": 1024, "policy.dtype": "float32",
     "sim.catalog.num_products": 1200, "sim.splits.num_test": 10, "sim.splits.num_validation": 16,
-    "agent.max_turns": 4,
+    "agent.max_turns": 8,
     "rollout.sampler.max_batch": 16, "rollout.sampler.max_length": 6144, "rollout.sampler.min_cache_length": 1024,
     "rollout.sampler.prefill_buckets": (64, 512), "rollout.sampler.decode_buckets": (32,),
     "rollout.sampling.max_new_tokens": 32, "eval.sampling.max_new_tokens": 32,

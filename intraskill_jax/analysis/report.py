@@ -19,6 +19,7 @@ from pathlib import Path
 
 from intraskill_jax.analysis.bundle import BundleCheck, build_bundle, check_bundle, load_bundle
 from intraskill_jax.analysis.rundata import AnalysisInputError, Problem, load_run
+from intraskill_jax.progress import Progress, as_progress
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class Report:
 
 
 def build_report(
-    workdir: str | os.PathLike, out: str | os.PathLike | None = None, *, progress: bool = True
+    workdir: str | os.PathLike, out: str | os.PathLike | None = None, *, progress: bool | Progress = True
 ) -> Report:
     """Builds bundle, plots and site for a run directory.
 
@@ -42,8 +43,6 @@ def build_report(
       RunDataError: `workdir` is not a run directory or holds no records at all.
       BundleError: the freshly built bundle fails its own check (a bug, reported with the file).
     """
-    from tqdm.auto import tqdm
-
     # Imported here: matplotlib is only needed once a report is actually drawn.
     from intraskill_jax.analysis import plots as plots_mod
     from intraskill_jax.analysis.site import build_site
@@ -51,27 +50,23 @@ def build_report(
     workdir = Path(workdir)
     out_dir = Path(out) if out is not None else workdir / "report"
     stages = ("read run", "bundle", "check bundle", "plots", "site")
-    with tqdm(total=len(stages), desc="report", unit="stage", disable=not progress) as bar:
-        bar.set_postfix_str(stages[0])
+    with as_progress(progress).stage("report", len(stages), unit="stage") as bar:
+        bar.update(0, doing=stages[0])
         run = load_run(workdir)
-        bar.update(1)
-        bar.set_postfix_str(stages[1])
+        bar.update(doing=stages[1])
         bundle_dir = build_bundle(workdir, run=run)
-        bar.update(1)
-        bar.set_postfix_str(stages[2])
+        bar.update(doing=stages[2])
         check = check_bundle(bundle_dir)
-        bar.update(1)
-        bar.set_postfix_str(stages[3])
+        bar.update(doing=stages[3])
         plot_dir = out_dir / "plots"
         if plot_dir.is_dir():  # a plot that no longer has data must not survive from a rebuild
             for old in [*plot_dir.glob("*.svg"), *plot_dir.glob("*.png")]:
                 old.unlink()
         figures = load_bundle(bundle_dir, verify=False).figures
         written = plots_mod.write_plots(figures, plot_dir)
-        bar.update(1)
-        bar.set_postfix_str(stages[4])
+        bar.update(doing=stages[4])
         index = build_site(bundle_dir, out_dir)
-        bar.update(1)
+        bar.update(doing="done")
     return Report(bundle_dir, out_dir, index, written, check, tuple(run.problems))
 
 
@@ -91,11 +86,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     except AnalysisInputError as e:
         log.error("%s", e)
         raise SystemExit(1) from None
+    print_report(report, args.workdir)
+
+
+def print_report(report: Report, workdir: str | os.PathLike) -> None:
+    """Where the report went (and any problems found in the run directory)."""
     if report.problems:
         log.warning(
             "%d problem(s) in %s; the report shows what is complete (listed on its overview page)",
             len(report.problems),
-            args.workdir,
+            workdir,
         )
     print(f"bundle: {report.bundle} ({report.check.files} files, verified)")
     print(f"plots:  {report.out / 'plots'} ({len(report.plots)} figures, SVG and PNG)")

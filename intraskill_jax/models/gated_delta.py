@@ -84,6 +84,9 @@ def recurrent_gated_delta_rule(
         o_t = jnp.einsum("bhkv,bhk->bhv", s, q_t, precision=_HIGHEST)
         return s, o_t
 
+    if q.shape[1] == 1:  # one decode token: no loop (a one-trip while loop costs more than its step)
+        state, o = step(state, tuple(a[:, 0] for a in (q, k, v, g, beta)))
+        return o[:, None].astype(out_dtype), state
     time_major = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, g, beta))
     state, o = jax.lax.scan(step, state, time_major)
     return jnp.moveaxis(o, 0, 1).astype(out_dtype), state

@@ -32,6 +32,7 @@ from intraskill_jax.agent.trajectory import collate
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.metrics import MetricsWriter
 from intraskill_jax.models.params import save_pretrained
+from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl.rollouts import Experience, GroupContext, collect
 from intraskill_jax.rl.train_step import (
@@ -173,14 +174,12 @@ class Learner:
     def save_checkpoint(self) -> None:
         self.checkpoints.save(self.step, self.state, extra={"cursor": self.cursor.position, **self.checkpoint_extra()})
 
-    def run(self, steps: int | None = None, *, progress: bool = True) -> None:
-        from tqdm.auto import tqdm
-
+    def run(self, steps: int | None = None, *, progress: bool | Progress = True) -> None:
         target = self.config.steps if steps is None else min(self.config.steps, self.step + steps)
-        with tqdm(total=target, initial=self.step, desc="GRPO steps", unit="step", disable=not progress) as bar:
+        with as_progress(progress).stage("GRPO steps", target, unit="step", initial=self.step) as bar:
             while self.step < target:
                 self.train_step()
-                bar.update(1)
+                bar.update()
 
     def train_step(self) -> dict[str, float]:
         cfg = self.config

@@ -16,13 +16,13 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
-from tqdm.auto import tqdm
 
 from intraskill_jax.agent.trajectory import Trajectory, collate
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.metrics import MetricsWriter
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.models import token_logprobs
+from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.train_step import (
     OptimConfig,
     TrainBatch,
@@ -106,7 +106,7 @@ def _check_trajectories(trajectories: Sequence[Trajectory]) -> None:
 def run_sft(model: nnx.Module, trajectories: Sequence[Trajectory], config: SFTConfig, *, pad_id: int,
             mesh: Mesh | None = None, rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES,
             writer: MetricsWriter | None = None, checkpointer: Checkpointer | None = None,
-            progress: bool = True) -> SFTResult:
+            progress: bool | Progress = True) -> SFTResult:
     """Fine-tune `model` on `trajectories`; on return `model` holds the trained weights.
 
     The update donates the parameter buffers, so `model` is only valid again once this returns.
@@ -124,7 +124,7 @@ def run_sft(model: nnx.Module, trajectories: Sequence[Trajectory], config: SFTCo
     step = sft_step(graphdef, optimizer, config.optim, mesh=mesh, rules=rules)
     done = int(state.step)
     history: list[dict[str, float]] = []
-    bar = tqdm(total=total, initial=done, desc="sft", unit="update", disable=not progress)
+    bar = as_progress(progress).stage("sft", total, unit="update", initial=done)
     for index, batch in enumerate(sft_batches(trajectories, config, pad_id=pad_id)):
         if index < done:
             continue
@@ -136,8 +136,7 @@ def run_sft(model: nnx.Module, trajectories: Sequence[Trajectory], config: SFTCo
             writer.write(index + 1, row)
         if checkpointer is not None and ((index + 1) % config.checkpoint_every == 0 or index + 1 == total):
             checkpointer.save(index + 1, state, extra={"phase": "sft"})
-        bar.set_postfix(loss=f"{row['train/sft_loss']:.4f}")
-        bar.update()
+        bar.update(loss=row["train/sft_loss"])
     bar.close()
     if checkpointer is not None:
         checkpointer.wait_until_finished()

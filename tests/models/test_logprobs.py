@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from intraskill_jax.models import logprobs as logprobs_module
 from intraskill_jax.models import (
     ModelConfig,
     Qwen3ForCausalLM,
@@ -21,8 +22,11 @@ def _reference(hidden, w, targets, temperature):
     return picked, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
+@pytest.mark.parametrize("remat", [False, True], ids=["logits-saved", "logits-recomputed"])
 @pytest.mark.parametrize("length,chunk,temperature", [(13, 4, 1.0), (16, 16, 0.7), (5, 64, 1.3)])
-def test_matches_full_log_softmax(length, chunk, temperature):
+def test_matches_full_log_softmax(length, chunk, temperature, remat, monkeypatch):
+    if remat:  # the large-vocabulary path: chunks rematerialised in the backward pass
+        monkeypatch.setattr(logprobs_module, "SAVE_LOGITS_BYTES", 0)
     rng = np.random.default_rng(length)
     hidden = jnp.asarray(rng.normal(size=(2, length, 8)), jnp.float32)
     w = jnp.asarray(rng.normal(size=(50, 8)), jnp.float32)

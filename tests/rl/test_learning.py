@@ -12,6 +12,7 @@ from flax import nnx
 
 from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
 from intraskill_jax.agent.prompts import system_prompt
+from intraskill_jax.metrics import read_metrics
 from intraskill_jax.models import ModelConfig, causal_lm_class
 from intraskill_jax.rl import learner as learner_lib
 from intraskill_jax.rl import rollouts
@@ -81,7 +82,7 @@ def _success(engine, tokenizer, seed):
     return float(np.mean([t.success for t in trajs]))
 
 
-def _train(tokenizer, warm_policy, workdir):
+def _train(tokenizer, warm_policy, workdir, steps=STEPS):
     state, cfg = warm_policy
     model = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(1))
     nnx.update(model, jax.tree.map(jnp.copy, state))  # the update donates its buffers; keep the fixture's
@@ -89,8 +90,8 @@ def _train(tokenizer, warm_policy, workdir):
                                              prefill_buckets=(32, 128), decode_buckets=(32,)))
     before = _success(engine, tokenizer, 1)
     learner = Learner(model, tokenizer, engine, workdir, tasks=TRAIN_TASKS, make_env=CueEnv,
-                      config=LearnerConfig(steps=STEPS, groups_per_step=8, group_size=8, sampling=SAMPLING,
-                                           checkpoint_every=STEPS),
+                      config=LearnerConfig(steps=steps, groups_per_step=8, group_size=8, sampling=SAMPLING,
+                                           checkpoint_every=steps),
                       optim=OptimConfig(learning_rate=1e-3, micro_batch_size=16), loss=LossConfig(), agent=AGENT)
     learner.run(progress=False)
     learner.close()
@@ -127,10 +128,13 @@ def test_grpo_takes_a_chance_policy_to_the_task_and_negated_advantages_do_not(
     before, after = _train(tokenizer, warm_policy, tmp_path / "grpo")
     assert 0.3 <= before <= 0.7, f"the warm start should be near chance, got {before:.2f}"
     assert after >= 0.9, f"GRPO took success from {before:.2f} only to {after:.2f}"
+    half = [r["rollout/success"] for r in read_metrics(tmp_path / "grpo") if r["step"] in (STEPS // 2 - 1, STEPS // 2)]
+    assert np.mean(half) >= before + 0.2, f"by step {STEPS // 2} GRPO's rollouts succeed only {np.mean(half):.2f}"
 
     real = rollouts.group_advantages
     monkeypatch.setattr(rollouts, "group_advantages", lambda *a, **k: -real(*a, **k))
-    before_neg, after_neg = _train(tokenizer, warm_policy, tmp_path / "negated")
+    # Half the steps: GRPO's own rollouts are well above the warm start by then (asserted above).
+    before_neg, after_neg = _train(tokenizer, warm_policy, tmp_path / "negated", steps=STEPS // 2)
     assert before_neg == before  # the same warm start, the same held-out episodes
     assert after_neg <= before + 0.05, f"negated advantages improved success: {before:.2f} -> {after_neg:.2f}"
     assert len(shared_programs) == 2  # the second run compiled no update or log-prob program of its own

@@ -1,0 +1,278 @@
+"""One progress display across the stages of a job, with an ETA over everything that remains.
+
+    progress = Progress([Planned("sft", 50, per_unit=3.0), Planned("evaluation", 800, per_unit=0.2)])
+    with progress.stage("sft", total=54, unit="update") as bar:   # the exact total, once known
+        for ...:
+            bar.update(loss=0.41)
+
+Stages run in any order and may be entered several times (a gate per round); time is charged to
+the innermost open stage. Each stage's remaining time is its remaining units at its own observed
+rate, measured over its updates after the first (which pays for compilation), or, before that, at
+its prior rate scaled by how fast the job has run against its priors so far. Units a resumed run
+skips (`initial`) shorten the remainder without counting as speed.
+
+Components take `progress: bool | Progress`; `as_progress(True)` gives a display of its own to a
+component run alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """A stage the job expects: `units` of work at `per_unit` seconds after `startup` seconds (priors)."""
+
+    name: str
+    units: int
+    per_unit: float | None = None  # None: unknown until the stage has run two units
+    startup: float = 0.0
+
+
+@dataclasses.dataclass
+class _Stage:
+    plan: Planned
+    total: int
+    unit: str = ""
+    done: int = 0  # including units skipped on resume
+    ran: int = 0  # units completed in this process
+    seconds: float = 0.0  # time charged to this stage in this process
+    first: tuple[float, int] | None = None  # (seconds, ran) when the first update here completed
+
+    def rate(self) -> float | None:
+        """Observed seconds per unit over the updates after the first."""
+        if self.first is None or self.ran <= self.first[1]:
+            return None
+        return (self.seconds - self.first[0]) / (self.ran - self.first[1])
+
+    def rated_units(self) -> int:
+        return 0 if self.first is None else self.ran - self.first[1]
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h:d}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+class Progress:
+    """A single bar for the whole job (tqdm on stderr); see the module docstring."""
+
+    def __init__(self, plan: Sequence[Planned] = (), *, enabled: bool = True, close_when_idle: bool = False,
+                 clock: Callable[[], float] = time.perf_counter, file: Any = None):
+        """`close_when_idle`: end the display when its last open stage closes (a component's own
+        display); otherwise it stays until `close()` (a job's, across its stages)."""
+        self.enabled, self._close_when_idle = enabled, close_when_idle
+        self._clock = clock
+        self._stages: dict[str, _Stage] = {p.name: _Stage(p, p.units) for p in plan}
+        self._open: list[tuple[_Stage, dict[str, Any]]] = []
+        self._last = clock()
+        self._start = self._last
+        self._file = file
+        self._bar = None
+
+    def __bool__(self) -> bool:
+        return self.enabled
+
+    # -- the estimate ----------------------------------------------------------------------------
+
+    def _speed(self) -> float:
+        """Observed / prior seconds over the stages that have a rate (1.0 before any)."""
+        observed = prior = 0.0
+        for s in self._stages.values():
+            r = s.rate()
+            if r is not None and s.plan.per_unit:
+                observed += r * s.rated_units()
+                prior += s.plan.per_unit * s.rated_units()
+        return observed / prior if prior > 0 else 1.0
+
+    def remaining(self) -> float | None:
+        """Seconds left in the whole job; None while a stage's cost is still unknown."""
+        speed, left = self._speed(), 0.0
+        for s in self._stages.values():
+            units = max(s.total - s.done, 0)
+            if units == 0:
+                continue
+            rate = s.rate()
+            if rate is not None:
+                left += units * rate
+            elif s.plan.per_unit is None:
+                return None
+            elif s.ran == 0:
+                left += max((s.plan.startup + units * s.plan.per_unit) * speed - s.seconds, 0.0)
+            else:
+                left += units * s.plan.per_unit * speed
+        return left
+
+    def elapsed(self) -> float:
+        return self._clock() - self._start
+
+    # -- stages ----------------------------------------------------------------------------------
+
+    def stage(self, name: str, total: int | None = None, *, unit: str = "", initial: int = 0) -> _Handle:
+        """Enters stage `name` (planned or not); `total` replaces the plan's estimate of its units."""
+        self._tick()
+        s = self._stages.get(name)
+        if s is None:
+            s = self._stages[name] = _Stage(Planned(name, total or 0), total or 0)
+        # Planned stages before this one that never ran were skipped (done on an earlier run).
+        open_now = {id(o) for o, _ in self._open}
+        for earlier in list(self._stages.values())[: list(self._stages).index(name)]:
+            if earlier.ran == 0 and id(earlier) not in open_now:
+                earlier.total = earlier.done
+        if total is not None:
+            s.total = total
+        s.unit = unit or s.unit
+        s.done = max(s.done, initial)
+        self._open.append((s, {}))
+        self._render()
+        return _Handle(self, s)
+
+    def _tick(self) -> None:
+        now = self._clock()
+        if self._open:
+            self._open[-1][0].seconds += now - self._last
+        self._last = now
+
+    def _advance(self, s: _Stage, n: int, info: dict[str, Any]) -> None:
+        self._tick()
+        s.done += n
+        s.ran += n
+        if s.first is None and s.ran >= 1:
+            s.first = (s.seconds, s.ran)
+        for stage, extra in self._open:
+            if stage is s:
+                extra.update(info)
+        self._render()
+
+    def _close(self, s: _Stage) -> None:
+        self._tick()
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i][0] is s:
+                del self._open[i]
+                break
+        self._render()
+        if not self._open and self._close_when_idle:
+            self.close()
+
+    # -- display ---------------------------------------------------------------------------------
+
+    def status(self) -> str:
+        """One line: the current stage, its units, the job's elapsed time and ETA."""
+        names = list(self._stages)
+        left = self.remaining()
+        eta = "?" if left is None else format_seconds(left)
+        parts = [f"elapsed {format_seconds(self.elapsed())}, ETA {eta}"]
+        if self._open:
+            s, info = self._open[-1]
+            where = f"[{names.index(s.plan.name) + 1}/{len(names)}] {s.plan.name}"
+            count = f"{s.done}/{s.total} {s.unit}".strip() if s.total else ""
+            extra = " ".join(f"{k}={v}" for k, v in info.items())
+            parts = [" ".join(p for p in (where, count, extra) if p), *parts]
+        return " | ".join(parts)
+
+    def _render(self) -> None:
+        if not self.enabled:
+            return
+        left, elapsed = self.remaining(), self.elapsed()
+        fraction = elapsed / (elapsed + left) if left is not None and elapsed + left > 0 else 0.0
+        if self._bar is None:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=1000, bar_format="{bar:20}| {desc}", file=self._file or sys.stderr,
+                             dynamic_ncols=True, leave=True)
+        self._bar.n = min(int(1000 * fraction), 1000)
+        self._bar.set_description_str(self.status(), refresh=False)
+        self._bar.refresh()
+
+    def write(self, text: str) -> None:
+        """Prints a line without breaking the bar."""
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text)
+
+    @contextlib.contextmanager
+    def logging_to_bar(self, *names: str) -> Iterator[None]:
+        """Log records of loggers `names` print above the bar instead of through it."""
+        handler = _BarHandler(self)
+        handler.setFormatter(logging.Formatter("%(levelname).1s %(asctime)s %(filename)s:%(lineno)d] %(message)s",
+                                               datefmt="%H:%M:%S"))
+        loggers = [logging.getLogger(n) for n in names]
+        saved = [lg.propagate for lg in loggers]
+        for lg in loggers:
+            lg.addHandler(handler)
+            lg.propagate = False
+        try:
+            yield
+        finally:
+            for lg, propagate in zip(loggers, saved):
+                lg.removeHandler(handler)
+                lg.propagate = propagate
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _BarHandler(logging.Handler):
+    def __init__(self, progress: Progress):
+        super().__init__()
+        self._progress = progress
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+        except Exception:  # noqa: BLE001 - logging must never raise into the job
+            self.handleError(record)
+            return
+        if self._progress._bar is not None:
+            self._progress._bar.write(text, file=self._progress._file or sys.stderr)
+        else:
+            print(text, file=sys.stderr)
+
+
+class _Handle:
+    """An open stage: `update(n, **info)` completes units (info shows beside the count)."""
+
+    def __init__(self, progress: Progress, stage: _Stage):
+        self._progress, self._stage = progress, stage
+
+    def update(self, n: int = 1, **info: Any) -> None:
+        self._progress._advance(self._stage, n, {k: _short(v) for k, v in info.items()})
+
+    def close(self) -> None:
+        self._progress._close(self._stage)
+
+    def __enter__(self) -> _Handle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def as_progress(progress: bool | Progress) -> Progress:
+    """`progress` itself, or a display of its own (shown when `progress` is true)."""
+    return progress if isinstance(progress, Progress) else Progress(enabled=bool(progress), close_when_idle=True)

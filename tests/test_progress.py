@@ -1,0 +1,97 @@
+"""The job-wide progress display: its ETA against a hand computation on a fake clock."""
+
+import io
+
+import pytest
+
+from intraskill_jax.progress import Planned, Progress, as_progress, format_seconds
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(plan, **kw):
+    clock = Clock()
+    return Progress(plan, clock=clock, file=io.StringIO(), **kw), clock
+
+
+def test_priors_before_anything_runs():
+    p, _ = make([Planned("a", 10, per_unit=2.0, startup=5.0), Planned("b", 4, per_unit=1.0)])
+    assert p.remaining() == pytest.approx(5 + 20 + 4)
+
+
+def test_running_stage_uses_its_rate_from_the_second_unit_and_rescales_later_priors():
+    p, clock = make([Planned("a", 10, per_unit=2.0, startup=5.0), Planned("b", 4, per_unit=1.0)])
+    bar = p.stage("a")
+    clock.t = 30.0  # the first unit pays a long compile: it must not set the rate
+    bar.update()
+    assert p.remaining() == pytest.approx(9 * 2.0 + 4 * 1.0)
+    clock.t = 34.0
+    bar.update()  # 4 s per unit: twice the prior
+    clock.t = 38.0
+    bar.update()
+    assert p.remaining() == pytest.approx(7 * 4.0 + 4 * 1.0 * 2.0)
+
+
+def test_time_goes_to_the_innermost_stage_and_resumed_units_are_not_speed():
+    p, clock = make([Planned("outer", 3, per_unit=10.0), Planned("inner", 2, per_unit=1.0)])
+    outer = p.stage("outer", initial=1)  # one unit done by an earlier run
+    clock.t = 10.0
+    inner = p.stage("inner")
+    clock.t = 15.0
+    inner.update()
+    clock.t = 17.0
+    inner.update()
+    inner.close()
+    # inner: 2 units done; outer: 10 s charged, 1 of 3 done, none run here -> prior * speed - spent.
+    speed = 2.0 / 1.0  # inner's rate (second unit: 2 s) over its prior
+    assert p.remaining() == pytest.approx(max((0 + 2 * 10.0) * speed - 10.0, 0.0))
+    assert "[1/2] outer 1/3" in p.status()
+    outer.close()
+
+
+def test_a_planned_stage_that_never_ran_counts_as_skipped_once_a_later_one_starts():
+    p, _ = make([Planned("sft", 50, per_unit=3.0), Planned("eval", 10, per_unit=1.0)])
+    p.stage("eval").close()
+    assert p.remaining() == pytest.approx(10.0)
+
+
+def test_unknown_cost_gives_no_eta_and_the_display_renders():
+    out = io.StringIO()
+    p = Progress(clock=Clock(), file=out)
+    with p.stage("work", 5, unit="item") as bar:
+        assert p.remaining() is None
+        bar.update(loss=0.123456)
+        assert "ETA ?" in p.status() and "loss=0.1235" in p.status()
+    p.close()
+    assert "[1/1] work 1/5 item" in out.getvalue()
+
+
+def test_disabled_progress_writes_nothing():
+    out = io.StringIO()
+    p = as_progress(False)
+    p._file = out
+    with p.stage("x", 2) as bar:
+        bar.update()
+    assert out.getvalue() == "" and not p
+
+
+def test_format_seconds():
+    assert format_seconds(59.6) == "01:00"
+    assert format_seconds(3725) == "1:02:05"
+
+
+def test_units_completed_in_batches_rate_from_the_second_batch():
+    p, clock = make([Planned("eval", 800, per_unit=0.2)])
+    bar = p.stage("eval")
+    clock.t = 60.0
+    bar.update(200)  # first condition: includes compiling
+    assert p.remaining() == pytest.approx(600 * 0.2)
+    clock.t = 80.0
+    bar.update(200)  # 0.1 s per episode
+    assert p.remaining() == pytest.approx(400 * 0.1)
