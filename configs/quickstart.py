@@ -96,12 +96,7 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.eval.sampling.temperature = 0.7
     c.eval.sampling.max_new_tokens = 48
     if preset == "smoke":
-        for key, value in SMOKE.items():
-            *parents, leaf = key.split(".")
-            node = c
-            for part in parents:
-                node = node[part]
-            node[leaf] = value
+        c.update_from_flattened_dict(SMOKE)
         c.name = "quickstart-smoke"
         return c
     return presets.apply(c, preset)

@@ -90,11 +90,11 @@ def _eval(config, workdir, progress):
     evaluate(config, workdir, conditions, progress=progress)
 
 
-def _summary(workdir):
-    """The run's front page; it holds the condition table and paired comparisons `eval` wrote."""
-    from intraskill_jax.analysis.summary import format_summary
+def _summary(workdir, figures=None):
+    """The run's front page, from its figures (computed from the run directory when not given)."""
+    from intraskill_jax.analysis.summary import format_figures, format_summary
 
-    print("\n" + format_summary(workdir))
+    print("\n" + (format_summary(workdir) if figures is None else format_figures(figures, workdir)))
 
 
 def _rank(config, workdir, progress):
@@ -141,7 +141,7 @@ def main(argv: list[str]) -> None:
     config, workdir, progress = _setup(command)
     with progress, progress.logging_to_bar("intraskill_jax", "sim"):
         _command(command, config, workdir, progress)
-    if command in ("eval", "quickstart"):
+    if command == "eval":
         _summary(workdir)
 
 
@@ -178,6 +178,7 @@ def _command(command: str, config: runconfig.RunConfig, workdir: Path, progress:
         report = build_report(workdir, progress=progress)
         progress.close()
         print_report(report, workdir)
+        _summary(workdir, report.figures)
     else:
         raise app.UsageError(f"unknown command {command!r}")
 

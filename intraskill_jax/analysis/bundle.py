@@ -157,18 +157,24 @@ def figures_of_run(run: RunData) -> dict[str, Any]:
     the one the report shows.
     """
     records = _json_clean(primary_records(run))
-    data = BundleData(
-        root=run.workdir / "bundle",
-        config=records["config.json"],
-        problems=records["problems.json"],
-        metrics=records["metrics.jsonl"],
-        groups=records["groups.jsonl"],
-        gates=records["gates.json"],
-        validation_episodes=records["validation_episodes.jsonl"],
-        outcomes=records["outcomes.jsonl"],
-        skills=[records[f"skills/round_{s['round']}.json"] for s in run.skills],
+    skills = [records[f"skills/round_{s['round']}.json"] for s in run.skills]
+    return compute_figures(_bundle_data(run.workdir / "bundle", records, skills))
+
+
+def _bundle_data(root: Path, docs: dict[str, Any], skills: list[Any], figures: Any = None) -> BundleData:
+    """A bundle's contents from its primary files (name -> content)."""
+    return BundleData(
+        root=root,
+        config=docs["config.json"],
+        problems=docs["problems.json"],
+        metrics=docs["metrics.jsonl"],
+        groups=docs["groups.jsonl"],
+        gates=docs["gates.json"],
+        validation_episodes=docs["validation_episodes.jsonl"],
+        outcomes=docs["outcomes.jsonl"],
+        skills=skills,
+        figures=figures,
     )
-    return compute_figures(data)
 
 
 def _swap_in(tmp: Path, dest: Path) -> None:
@@ -249,18 +255,7 @@ def read_bundle(root: str | os.PathLike) -> BundleData:
     figures = _read(root, "figures.json", "doc", []) if (root / "figures.json").is_file() else None
     if problems:
         raise BundleError(f"bundle {root} cannot be read", problems)
-    return BundleData(
-        root=root,
-        config=docs["config.json"],
-        problems=docs["problems.json"],
-        metrics=docs["metrics.jsonl"],
-        groups=docs["groups.jsonl"],
-        gates=docs["gates.json"],
-        validation_episodes=docs["validation_episodes.jsonl"],
-        outcomes=docs["outcomes.jsonl"],
-        skills=skills,
-        figures=figures,
-    )
+    return _bundle_data(root, docs, skills, figures)
 
 
 def load_bundle(root: str | os.PathLike, *, verify: bool = True) -> BundleData:

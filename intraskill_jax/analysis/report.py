@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from intraskill_jax.analysis.bundle import BundleCheck, build_bundle, check_bundle, load_bundle
 from intraskill_jax.analysis.rundata import AnalysisInputError, Problem, load_run
@@ -32,6 +33,7 @@ class Report:
     plots: dict[str, list[Path]]
     check: BundleCheck
     problems: tuple[Problem, ...]
+    figures: dict[str, Any]  # the bundle's figures.json
 
 
 def build_report(
@@ -67,7 +69,7 @@ def build_report(
         bar.update(doing=stages[4])
         index = build_site(bundle_dir, out_dir)
         bar.update(doing="done")
-    return Report(bundle_dir, out_dir, index, written, check, tuple(run.problems))
+    return Report(bundle_dir, out_dir, index, written, check, tuple(run.problems), figures)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

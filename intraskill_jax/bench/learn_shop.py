@@ -27,9 +27,7 @@ def run(config_path: str | Path, workdir: str | Path, *, progress: bool = False)
     import jax
 
     from intraskill_jax import runconfig
-    from intraskill_jax.analysis.bundle import figures_of_run
     from intraskill_jax.analysis.report import build_report
-    from intraskill_jax.analysis.rundata import load_run
     from intraskill_jax.coevolve import Coevolution
     from intraskill_jax.evaluate import evaluate
 
@@ -50,10 +48,9 @@ def run(config_path: str | Path, workdir: str | Path, *, progress: bool = False)
     evaluate(config, workdir, progress=progress)
     seconds["evaluation"] = time.perf_counter() - t
     t = time.perf_counter()
-    build_report(workdir, progress=progress)
+    figures = build_report(workdir, progress=progress).figures
     seconds["report"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
-    figures = figures_of_run(load_run(workdir))
     pairs = {f"{c['a']}_vs_{c['b']}": {k: c[k] for k in c if k not in ("a", "b")} for c in figures["comparisons"]}
     return {
         "config": str(config_path), "workdir": str(workdir), "name": config.name,
