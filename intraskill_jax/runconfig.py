@@ -201,17 +201,15 @@ class RunConfig:
         splits = self.sim.splits
         # Splits.make carves exactly num_test and num_validation tasks (or fails when the catalog is
         # too small), so the split sizes are known here, before the world is built.
-        if self.skills.mode == "coevolve" and self.skills.validation_tasks > splits.num_validation:
-            raise ConfigError(f"skills.validation_tasks={self.skills.validation_tasks} but the validation split has "
-                              f"sim.splits.num_validation={splits.num_validation} tasks; lower the first or raise the "
-                              "second")
-        if self.warm_start.enabled and self.warm_start.heldout_demos > splits.num_validation:
-            raise ConfigError(f"warm_start.heldout_demos={self.warm_start.heldout_demos} but the validation split has "
-                              f"sim.splits.num_validation={splits.num_validation} tasks; lower the first or raise the "
-                              "second")
-        if self.eval.num_tasks > splits.num_test:
-            raise ConfigError(f"eval.num_tasks={self.eval.num_tasks} but the test split has "
-                              f"sim.splits.num_test={splits.num_test} tasks; lower the first or raise the second")
+        skills, ws = self.skills, self.warm_start
+        drawn = (("skills.validation_tasks", skills.validation_tasks, skills.mode == "coevolve", "validation"),
+                 ("warm_start.heldout_demos", ws.heldout_demos, ws.enabled, "validation"),
+                 ("eval.num_tasks", self.eval.num_tasks, True, "test"))
+        for field, n, used, split in drawn:
+            size = getattr(splits, f"num_{split}")
+            if used and n > size:
+                raise ConfigError(f"{field}={n} but the {split} split has sim.splits.num_{split}={size} tasks; "
+                                  "lower the first or raise the second")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

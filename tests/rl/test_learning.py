@@ -90,8 +90,8 @@ def _train(tokenizer, warm_policy, workdir, steps=STEPS):
                                              prefill_buckets=(32, 128), decode_buckets=(32,)))
     before = _success(engine, tokenizer, 1)
     learner = Learner(model, tokenizer, engine, workdir, tasks=TRAIN_TASKS, make_env=CueEnv,
-                      config=TrainConfig(rounds=1, gate_every=steps, groups_per_step=8, group_size=8,
-                                         checkpoint_every=steps, optim=OptimConfig(learning_rate=1e-3, micro_batch_size=16),
+                      config=TrainConfig(rounds=1, gate_every=steps, checkpoint_every=steps, groups_per_step=8,
+                                         group_size=8, optim=OptimConfig(learning_rate=1e-3, micro_batch_size=16),
                                          loss=LossConfig()),
                       sampling=SAMPLING, agent=AGENT)
     learner.run(progress=False)
