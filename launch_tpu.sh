@@ -51,7 +51,7 @@ Rollouts (default: a server started here, which needs --model-path):
 Trainer:
   --train-env K=V      environment of the trainer (repeatable; e.g.
                        XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 next to a GPU server)
-  -- ARGS...           passed to `intraskill train` as they are (--config.train.steps=10 ...)
+  -- ARGS...           passed to `intraskill train` as they are (--config.train.gate_every=10 ...)
 
 Setup:
   --python PY          Python on the hosts (default: python3); commands run as `PY -m ...`,

@@ -13,6 +13,8 @@ import ml_collections
 from intraskill_jax import presets
 from intraskill_jax.runconfig import RunConfig
 
+PRESETS = (*presets.PRESETS, "smoke")  # configs/quickstart.py:<preset>
+
 
 # `configs/quickstart.py:smoke`: the whole job in a few minutes on two cores (a smaller policy and
 # shop, two rounds of two steps, short episodes): CI's bare-install check and the end-to-end tests.

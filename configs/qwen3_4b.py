@@ -8,6 +8,10 @@ from pathlib import Path
 
 import ml_collections
 
+from intraskill_jax import presets
+
+PRESETS = presets.PRESETS  # configs/qwen3_4b.py:<preset>, as configs/qwen3_5_4b.py
+
 
 def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     spec = importlib.util.spec_from_file_location("_qwen3_5_4b", Path(__file__).with_name("qwen3_5_4b.py"))

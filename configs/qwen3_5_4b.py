@@ -16,6 +16,9 @@ from intraskill_jax import presets
 from intraskill_jax.runconfig import RunConfig
 
 
+PRESETS = presets.PRESETS  # configs/qwen3_5_4b.py:<preset>
+
+
 def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(RunConfig().to_dict())
     c.name = "qwen3_5_4b"

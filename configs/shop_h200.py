@@ -24,6 +24,9 @@ from intraskill_jax import presets
 from intraskill_jax.runconfig import RunConfig
 
 
+PRESETS = presets.PRESETS  # configs/shop_h200.py:<preset>
+
+
 def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     """`preset`: coevolve (default), plain_grpo, fixed_skill or no_mask (configs/shop_h200.py:preset)."""
     c = ml_collections.ConfigDict(RunConfig().to_dict())

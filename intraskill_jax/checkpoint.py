@@ -30,13 +30,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from intraskill_jax.errors import CheckpointError
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, unreadable or does not fit the restore target."""
 
 
 @dataclasses.dataclass

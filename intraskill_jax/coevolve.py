@@ -41,7 +41,7 @@ from intraskill_jax.agent.demos import oracle_agreement, oracle_demonstrations
 from intraskill_jax.agent.episode import EpisodeSpec, run_episodes
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.progress import Progress, as_progress
-from intraskill_jax.rl.learner import Learner, LearnerConfig
+from intraskill_jax.rl.learner import Learner
 from intraskill_jax.rl.rollouts import Experience, GroupContext
 from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
 from intraskill_jax.runconfig import RunConfig, resolve_repo_path
@@ -268,19 +268,11 @@ class Coevolution:
         self.engine = engine if engine is not None else make_engine(config, model)
         self.analyst = make_analyst(config)
         self.validation = [int(t) for t in self.world.splits.validation[: config.skills.validation_tasks]]
-        if config.skills.mode == "coevolve" and len(self.validation) < config.skills.validation_tasks:
-            raise ValueError(f"skills.validation_tasks={config.skills.validation_tasks} but the validation split has "
-                             f"{len(self.validation)} tasks; raise sim.splits.num_validation")
         self.bank = self._load_bank()
-        t = config.train
         self.learner = Learner(
             model, self.tokenizer, self.engine, self.workdir, tasks=self.world.splits.train,
-            make_env=lambda: ShopEnv(self.world),
-            config=LearnerConfig(steps=t.steps, groups_per_step=t.groups_per_step, group_size=t.group_size,
-                                 sampling=config.rollout.sampling, scale_by_std=t.scale_by_std,
-                                 checkpoint_every=t.checkpoint_every, seed=t.seed,
-                                 max_concurrent=config.rollout.capacity),
-            optim=t.optim, loss=t.loss, agent=config.agent, mesh=mesh,
+            make_env=lambda: ShopEnv(self.world), config=config.train, sampling=config.rollout.sampling,
+            agent=config.agent, max_concurrent=config.rollout.capacity, mesh=mesh,
             contexts_fn=self._contexts, retry_fn=self._retry, on_step=self._record_step,
             checkpoint_extra=lambda: {"bank_round": self.bank.round})
         if self.learner.step and self._gate_pending(self.learner.step):

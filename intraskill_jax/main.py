@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def _setup(command: str):
     try:
         config = runconfig.load(_CONFIG.value) if _CONFIG.value is not None else runconfig.load_file(QUICKSTART)
     except runconfig.ConfigError as e:
-        raise app.UsageError(str(e)) from None
+        raise SystemExit(f"intraskill {command}: {e}") from None
     workdir = Path(_WORKDIR.value or f"runs/{config.name}")
     return config, workdir, Progress(job_plan(config, command), enabled=not _QUIET.value)
 
@@ -214,11 +215,33 @@ def _quickstart_args(args: list[str]) -> list[str]:
     return [f"--config={QUICKSTART}", *args]
 
 
+_OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
+
+
+def check_overrides(args: list[str]) -> None:
+    """Reads the `--config=FILE[:preset]` of `args` and checks the keys of its `--config.KEY=VALUE`
+    overrides. absl reads the file and applies them while it parses flags, where a missing file, an
+    unknown preset or key (a misspelling) end in a traceback; here each is one ConfigError, an
+    unknown key with its nearest keys."""
+    keys = [m.group(1) for m in map(_OVERRIDE.match, args) if m]
+    path = None
+    for i, arg in enumerate(args):  # absl's forms: --config=FILE, --config FILE (the last one counts)
+        flag, eq, value = arg.lstrip("-").partition("=")
+        if arg.startswith("-") and flag == "config":
+            path = value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    if path:
+        runconfig.check_keys(runconfig.read_file(path), keys)
+
+
 def run(command: str, args: list[str]) -> None:
     if command == "quickstart":
         if any(a in ("-h", "--help", "-help", "--helpshort") for a in args):
             print(QUICKSTART_USAGE, end="")
             raise SystemExit(0)
         args = _quickstart_args(args)
+    try:
+        check_overrides(args)
+    except runconfig.ConfigError as e:
+        raise SystemExit(f"intraskill {command}: {e}") from None
     sys.argv = [f"intraskill {command}", *args]
     app.run(lambda argv: main([argv[0], command, *argv[1:]]), argv=sys.argv)

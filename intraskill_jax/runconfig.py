@@ -2,7 +2,9 @@
 
 A config file defines `get_config() -> ConfigDict` whose sections mirror `RunConfig`; every leaf
 can be overridden on the command line (`--config.train.optim.learning_rate=1e-5`). `load` builds
-the typed config and rejects unknown keys with their dotted path, before any expensive work.
+the typed config before any expensive work: an unknown key is named with its nearest valid keys,
+each section checks its own fields and `RunConfig` the rules that span sections, every error one
+`ConfigError` line naming the field, the value and the fix.
 
 Sections (each the dataclass of the part it configures):
   policy    where the policy comes from (an HF directory, or a fresh tiny model built here)
@@ -10,7 +12,8 @@ Sections (each the dataclass of the part it configures):
   agent     episode limits and chat format (agent.episode.AgentConfig)
   rollout   the engine (embedded JAX sampler or an SGLang server) and sampling
   sft       the supervised warm start on oracle demonstrations
-  train     GRPO: rounds x gate_every steps, groups, optimizer, loss
+  train     GRPO: rounds x gate_every steps, groups, optimizer, loss (rl.learner.TrainConfig, which
+            the learner reads as it is)
   skills    the bank, group masks, retry, gate and analysts (mode: coevolve / fixed / none);
             chunks are rendered in the catalog's language (sim.catalog.lang)
   eval      the test conditions
@@ -20,29 +23,26 @@ Sections (each the dataclass of the part it configures):
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from sim.config import SimConfig
 
 from intraskill_jax.agent.episode import AgentConfig
+from intraskill_jax.errors import ConfigError
 from intraskill_jax.models.sharding import MeshConfig
-from intraskill_jax.rl.grpo import LossConfig
+from intraskill_jax.rl.learner import TrainConfig
 from intraskill_jax.rl.sft import SFTConfig
-from intraskill_jax.rl.train_step import OptimConfig
 from intraskill_jax.rollout.base import SamplingParams
 from intraskill_jax.rollout.jax_sampler import SamplerConfig
 from intraskill_jax.skills.analysts import AnalystsConfig
 from intraskill_jax.skills.gate import GateConfig
 from intraskill_jax.skills.masks import MaskConfig
-
-
-class ConfigError(ValueError):
-    """A config that cannot run: names the key and what would fix it."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,35 +126,6 @@ class WarmStartConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """Attributes:
-      rounds / gate_every: the run is rounds x gate_every GRPO steps; the gate closes each round.
-      groups_per_step / group_size: tasks per step and siblings per task (G).
-      scale_by_std: divide advantages by the group std (False: Dr.GRPO).
-      checkpoint_every: steps between checkpoints (round ends are always saved).
-      seed: data order, masks and sampling.
-    """
-
-    rounds: int = 4
-    gate_every: int = 20
-    groups_per_step: int = 4
-    group_size: int = 8
-    scale_by_std: bool = True
-    checkpoint_every: int = 5
-    seed: int = 0
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(learning_rate=1e-6))
-    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
-
-    @property
-    def steps(self) -> int:
-        return self.rounds * self.gate_every
-
-    def __post_init__(self) -> None:
-        if self.rounds < 1 or self.gate_every < 1:
-            raise ConfigError(f"train.rounds and train.gate_every must be >= 1, got {self.rounds}, {self.gate_every}")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class SkillsConfig:
     """Attributes:
       mode: 'coevolve' (masks, retry, gate, analysts), 'fixed' (the initial bank, never changed)
@@ -221,6 +192,25 @@ class RunConfig:
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
 
+    def __post_init__(self) -> None:
+        """The rules that span sections, so a run that cannot finish stops here, before any work."""
+        temperature = self.rollout.sampling.temperature
+        if temperature <= 0:
+            raise ConfigError(f"rollout.sampling.temperature={temperature}: GRPO scores each rollout at its sampling "
+                              "temperature and greedy rollouts have no log-prob ratio; set it > 0 (e.g. 1.0)")
+        splits = self.sim.splits
+        # Splits.make carves exactly num_test and num_validation tasks (or fails when the catalog is
+        # too small), so the split sizes are known here, before the world is built.
+        skills, ws = self.skills, self.warm_start
+        drawn = (("skills.validation_tasks", skills.validation_tasks, skills.mode == "coevolve", "validation"),
+                 ("warm_start.heldout_demos", ws.heldout_demos, ws.enabled, "validation"),
+                 ("eval.num_tasks", self.eval.num_tasks, True, "test"))
+        for field, n, used, split in drawn:
+            size = getattr(splits, f"num_{split}")
+            if used and n > size:
+                raise ConfigError(f"{field}={n} but the {split} split has sim.splits.num_{split}={size} tasks; "
+                                  "lower the first or raise the second")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -243,7 +233,7 @@ def from_mapping(cls: type, values: Any, where: str = "config") -> Any:
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(values.keys()) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in {where}; known: {sorted(fields)}")
+        raise unknown_key(f"{where}.{unknown[0]}", [f"{where}.{name}" for name in fields])
     kwargs = {k: _convert(hints[k], values[k], f"{where}.{k}") for k in values.keys()}
     try:
         return cls(**kwargs)
@@ -277,16 +267,56 @@ def load(config: Any) -> RunConfig:
     return from_mapping(RunConfig, mapping, "config")
 
 
-def load_file(path: str | Path) -> RunConfig:
-    """Loads a config file (`configs/<name>.py`, its `get_config()`) outside absl's flag parsing;
-    `configs/<name>.py:<preset>` passes the preset to `get_config`, as `--config=` does."""
-    import importlib.util
+def unknown_key(key: str, known: Iterable[str]) -> ConfigError:
+    """The error for a key no config has, naming the nearest keys that exist (a misspelling)."""
+    nearest = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+    hint = f"nearest: {', '.join(nearest)}" if nearest else "see configs/*.py and intraskill_jax/runconfig.py"
+    return ConfigError(f"{key}: no such config key; {hint}")
 
+
+def check_keys(config: Any, keys: Iterable[str]) -> None:
+    """Raises `unknown_key` for the first of the dotted `keys` (`train.group_size`) that is not a
+    field or section of `config` (a ConfigDict or mapping, as a config file's `get_config()` gives)."""
+    known = set(_dotted(config.to_dict() if hasattr(config, "to_dict") else config))
+    for key in keys:
+        if key not in known:
+            raise unknown_key(key, sorted(known))
+
+
+def _dotted(values: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
+    for name, value in values.items():
+        yield prefix + name
+        if isinstance(value, Mapping):
+            yield from _dotted(value, f"{prefix}{name}.")
+
+
+def read_file(path: str | Path) -> Any:
+    """The ConfigDict of a config file (`configs/<name>.py`, its `get_config()`), unconverted;
+    `configs/<name>.py:<preset>` passes the preset to `get_config`, as `--config=` does. A file
+    that takes presets lists them in `PRESETS`."""
     text = str(path)
     preset = None
     if not Path(text).is_file() and ":" in text:
         text, preset = text.rsplit(":", 1)
-    path = Path(text)
+    module = _config_module(Path(text))
+    known = tuple(getattr(module, "PRESETS", ()))
+    if preset is not None and preset not in known:
+        listed = f"known: {', '.join(known)}" if known else "it takes none"
+        raise ConfigError(f"{text}: unknown preset {preset!r}; {listed}")
+    try:
+        return module.get_config() if preset is None else module.get_config(preset)
+    except ValueError as e:
+        raise ConfigError(f"{text}:{preset}: {e}") from None
+
+
+def presets_of(path: str | Path) -> tuple[str, ...]:
+    """The presets a config file lists in its `PRESETS` (none for a file without)."""
+    return tuple(getattr(_config_module(Path(path)), "PRESETS", ()))
+
+
+def _config_module(path: Path) -> types.ModuleType:
+    import importlib.util
+
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
     spec = importlib.util.spec_from_file_location(f"_intraskill_config_{path.stem}", path)
@@ -294,11 +324,12 @@ def load_file(path: str | Path) -> RunConfig:
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path} defines no get_config()")
-    try:
-        config = module.get_config() if preset is None else module.get_config(preset)
-    except ValueError as e:
-        raise ConfigError(f"{path}:{preset}: {e}") from None
-    return load(config)
+    return module
+
+
+def load_file(path: str | Path) -> RunConfig:
+    """Loads a config file (`read_file`) outside absl's flag parsing."""
+    return load(read_file(path))
 
 
 def with_overrides(config: RunConfig, overrides: Mapping[str, Any]) -> RunConfig:

@@ -79,6 +79,7 @@ def toy_config(bank_dir):
     cd["policy"]["tokenizer_vocab_size"] = 512
     cd["sim"]["env"]["reward"] = "strict"
     cd["sim"]["splits"].update(num_test=20, num_validation=120)
+    cd["eval"]["num_tasks"] = 20  # what the test split holds (the toy trains only)
     cd["warm_start"]["enabled"] = False
     cd["train"].update(rounds=2, gate_every=1, groups_per_step=2, group_size=4, checkpoint_every=1)
     cd["skills"].update(initial=str(bank_dir), validation_tasks=120)

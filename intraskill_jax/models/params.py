@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from intraskill_jax.errors import CheckpointError
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.models.config import ModelConfig
 from intraskill_jax.models.qwen3 import Qwen3ForCausalLM
@@ -67,10 +68,6 @@ _CONFIG_DTYPE_NAMES = {
     np.dtype(np.float32): "float32",
     np.dtype(np.float16): "float16",
 }
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory or file that cannot be read as the model asks."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ import numpy as np
 from intraskill_jax.agent.episode import AgentConfig, Env
 from intraskill_jax.agent.trajectory import collate
 from intraskill_jax.checkpoint import Checkpointer
+from intraskill_jax.errors import ConfigError
 from intraskill_jax.metrics import MetricsWriter
 from intraskill_jax.models.params import save_pretrained
 from intraskill_jax.progress import Progress, as_progress
@@ -54,33 +55,44 @@ ContextsFn = Callable[[int, Sequence[int]], Sequence[GroupContext]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LearnerConfig:
-    """Attributes:
-      steps: rollout steps (one optimizer update each).
+class TrainConfig:
+    """The `train` section of a run config, as the learner reads it.
+
+    Attributes:
+      rounds / gate_every: the run is rounds x gate_every GRPO steps (`steps`); the co-evolution
+        loop closes a round with the gate every `gate_every` steps.
       groups_per_step / group_size: tasks per step and siblings per task (G).
-      sampling: rollout sampling; its temperature is also the trainer's scoring temperature.
-      scale_by_std: GRPO advantages divide by the group std (False: Dr.GRPO).
-      checkpoint_every: steps between checkpoints (the last step is always saved).
-      seed: data order and sampling.
-      max_concurrent: episodes in flight at once (the rollout engine's batch capacity).
+      scale_by_std: divide advantages by the group std (False: Dr.GRPO).
+      checkpoint_every: steps between checkpoints (the last step and round ends are always saved).
+      seed: data order, masks and sampling.
+      optim / loss: the optimizer and the GRPO loss.
     """
 
-    steps: int
+    rounds: int = 4
+    gate_every: int = 20
     groups_per_step: int = 4
     group_size: int = 8
-    sampling: SamplingParams = dataclasses.field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=256))
     scale_by_std: bool = True
-    checkpoint_every: int = 10
+    checkpoint_every: int = 5
     seed: int = 0
-    max_concurrent: int | None = None
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(learning_rate=1e-6))
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+
+    @property
+    def steps(self) -> int:
+        return self.rounds * self.gate_every
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.groups_per_step < 1 or self.group_size < 2 or self.checkpoint_every < 1:
-            raise ValueError("need steps >= 1, groups_per_step >= 1, group_size >= 2, checkpoint_every >= 1")
-        if self.max_concurrent is not None and self.max_concurrent < 1:
-            raise ValueError(f"max_concurrent must be >= 1 or None, got {self.max_concurrent}")
-        if self.sampling.temperature <= 0:
-            raise ValueError("GRPO needs sampling.temperature > 0 (greedy rollouts have no log-prob ratio)")
+        for name in ("rounds", "gate_every", "groups_per_step", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name}={getattr(self, name)}: must be >= 1; set train.{name} to 1 or more")
+        if self.group_size < 2:
+            raise ConfigError(f"train.group_size={self.group_size}: GRPO's advantages compare the siblings of a "
+                              "group, so it needs at least 2; set train.group_size to 2 or more")
+        if self.loss.kl_coef != 0:
+            # The loss supports a KL term, but the learner never scores a reference policy.
+            raise ConfigError(f"train.loss.kl_coef={self.loss.kl_coef}: a KL penalty to a reference policy is not "
+                              "implemented (the learner computes no reference log-probs); set train.loss.kl_coef=0")
 
 
 class TaskCursor:
@@ -103,13 +115,15 @@ class TaskCursor:
 class Learner:
     def __init__(self, model: Any, tokenizer: Any, engine: RolloutEngine, workdir: str | Path, *,
                  tasks: Sequence[int], make_env: Callable[[], Env],
-                 config: LearnerConfig, optim: OptimConfig, loss: LossConfig, agent: AgentConfig,
+                 config: TrainConfig, sampling: SamplingParams, agent: AgentConfig, max_concurrent: int | None = None,
                  contexts_fn: ContextsFn | None = None, mesh: Any = None,
                  on_step: Callable[[int, Experience], dict[str, float]] | None = None,
                  retry_fn: Callable[[int], GroupContext | None] | None = None,
                  checkpoint_extra: Callable[[], dict[str, Any]] | None = None):
         """`tasks` are the training task ids (read in seeded epochs); `make_env()` gives a fresh
-        environment for one episode (`lambda: ShopEnv(world)`).
+        environment for one episode (`lambda: ShopEnv(world)`). `sampling` is the rollouts' (its
+        temperature is also the trainer's scoring temperature); `max_concurrent` the episodes in
+        flight at once (the engine's batch capacity; None: all of a step).
 
         Hooks: `contexts_fn(step, tasks)` gives each group's context; `retry_fn(step)` the
         context all-wrong groups are retried with (None: no retry); `on_step(step, exp)` sees the
@@ -117,17 +131,18 @@ class Learner:
         JSON fields to each checkpoint."""
         self.tokenizer, self.engine, self.make_env = tokenizer, engine, make_env
         self.workdir = Path(workdir)
-        self.config, self.optim, self.loss, self.agent = config, optim, loss, agent
+        self.config, self.sampling, self.agent, self.max_concurrent = config, sampling, agent, max_concurrent
         self.contexts_fn = contexts_fn or (lambda step, tasks: [GroupContext() for _ in tasks])
         self.on_step = on_step
         self.retry_fn = retry_fn or (lambda step: None)
         self.checkpoint_extra = checkpoint_extra or dict
         self.mesh = mesh
         self.hf_config = model.config.to_hf_dict()
+        optim = config.optim
         tx = make_optimizer(optim)
         self.graphdef, self.state = init_train_state(model, tx, mesh=mesh)
-        self.update = grpo_step(self.graphdef, tx, optim, loss, temperature=config.sampling.temperature, mesh=mesh)
-        self.old_logprobs = LogprobFn(self.graphdef, temperature=config.sampling.temperature,
+        self.update = grpo_step(self.graphdef, tx, optim, config.loss, temperature=sampling.temperature, mesh=mesh)
+        self.old_logprobs = LogprobFn(self.graphdef, temperature=sampling.temperature,
                                       micro_batch_size=optim.micro_batch_size, mesh=mesh)
         # With micro-batches every update pads its rows to the most a step can admit (each group
         # and its retry), so the update and the log-prob pass compile once per length; the
@@ -188,8 +203,8 @@ class Learner:
         if hasattr(self.engine, "reseed"):  # sampling depends on (seed, step) only: resumes replay
             self.engine.reseed(cfg.seed, self.step)
         exp = collect(self.engine, self.make_env, self.tokenizer, tasks, contexts, group_size=cfg.group_size,
-                      sampling=cfg.sampling, agent=self.agent, scale_by_std=cfg.scale_by_std,
-                      prefix=f"s{self.step}", max_concurrent=cfg.max_concurrent, retry=self.retry_fn(self.step))
+                      sampling=self.sampling, agent=self.agent, scale_by_std=cfg.scale_by_std,
+                      prefix=f"s{self.step}", max_concurrent=self.max_concurrent, retry=self.retry_fn(self.step))
         metrics = dict(exp.metrics)
         if self.on_step is not None:
             metrics.update(self.on_step(self.step, exp))

@@ -23,7 +23,7 @@ from intraskill_jax.agent.prompts import system_prompt
 from intraskill_jax.models import ModelConfig, causal_lm_class
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl import learner as learner_lib
-from intraskill_jax.rl.learner import Learner, LearnerConfig, TaskCursor
+from intraskill_jax.rl.learner import Learner, TaskCursor, TrainConfig
 from intraskill_jax.rl.rollouts import GroupContext
 from intraskill_jax.rl.train_step import OptimConfig
 from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
@@ -112,9 +112,9 @@ def make(world, tok, workdir, engine, steps=3):
 
     learner = Learner(
         model, tok, engine, workdir, tasks=world.splits.train, make_env=lambda: ShopEnv(world),
-        config=LearnerConfig(steps=steps, groups_per_step=1, group_size=2, checkpoint_every=2,
-                             sampling=SamplingParams(temperature=1.0, max_new_tokens=96)),
-        optim=OptimConfig(learning_rate=1e-3), loss=LossConfig(),
+        config=TrainConfig(rounds=1, gate_every=steps, groups_per_step=1, group_size=2, checkpoint_every=2,
+                           optim=OptimConfig(learning_rate=1e-3), loss=LossConfig()),
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=96),
         agent=AgentConfig(max_turns=20, max_context_tokens=2048, max_observation_chars=100, show_affordances=False),
         contexts_fn=contexts)
     return learner, seen

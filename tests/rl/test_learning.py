@@ -17,7 +17,7 @@ from intraskill_jax.models import ModelConfig, causal_lm_class
 from intraskill_jax.rl import learner as learner_lib
 from intraskill_jax.rl import rollouts
 from intraskill_jax.rl.grpo import LossConfig
-from intraskill_jax.rl.learner import Learner, LearnerConfig
+from intraskill_jax.rl.learner import Learner, TrainConfig
 from intraskill_jax.rl.sft import SFTConfig, run_sft
 from intraskill_jax.rl.train_step import OptimConfig
 from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
@@ -90,9 +90,10 @@ def _train(tokenizer, warm_policy, workdir, steps=STEPS):
                                              prefill_buckets=(32, 128), decode_buckets=(32,)))
     before = _success(engine, tokenizer, 1)
     learner = Learner(model, tokenizer, engine, workdir, tasks=TRAIN_TASKS, make_env=CueEnv,
-                      config=LearnerConfig(steps=steps, groups_per_step=8, group_size=8, sampling=SAMPLING,
-                                           checkpoint_every=steps),
-                      optim=OptimConfig(learning_rate=1e-3, micro_batch_size=16), loss=LossConfig(), agent=AGENT)
+                      config=TrainConfig(rounds=1, gate_every=steps, checkpoint_every=steps, groups_per_step=8,
+                                         group_size=8, optim=OptimConfig(learning_rate=1e-3, micro_batch_size=16),
+                                         loss=LossConfig()),
+                      sampling=SAMPLING, agent=AGENT)
     learner.run(progress=False)
     learner.close()
     return before, _success(engine, tokenizer, 1)
