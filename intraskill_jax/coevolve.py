@@ -47,7 +47,7 @@ from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
 from intraskill_jax.runconfig import RunConfig, resolve_repo_path
 from intraskill_jax.skills.analysts import Analyst, OfflineAnalyst, propose
 from intraskill_jax.skills.bank import SkillBank, latest_round
-from intraskill_jax.skills.gate import run_gate
+from intraskill_jax.skills.gate import Outcome, run_gate
 from intraskill_jax.skills.masks import retry_context, sample_contexts
 
 log = logging.getLogger(__name__)
@@ -379,12 +379,12 @@ class Coevolution:
         episodes: list[tuple[str, Trajectory]] = []
         n = len(self.validation)
 
-        def evaluate(task_ids: Sequence[int], contexts: Sequence[GroupContext]) -> list[float]:
+        def evaluate(task_ids: Sequence[int], contexts: Sequence[GroupContext]) -> list[Outcome]:
             trajs = play(self.engine, self.world, self.tokenizer, cfg, task_ids, contexts, cfg.rollout.sampling,
                          prefix=f"gate{r}", seed=(cfg.train.seed, _GATE_SAMPLING * 1_000_000 + r))
             arms = ["bare"] * n + ["random"] * n + ["full"] * (len(trajs) - 2 * n)
             episodes.extend(zip(arms, trajs))
-            return [t.reward for t in trajs]
+            return [Outcome(t.reward, t.success) for t in trajs]
 
         result = run_gate(evaluate, bank, batch.proposals, self.validation,
                           np.random.default_rng([cfg.train.seed, _GATE, r]), config=cfg.skills.gate, lang=self.lang)

@@ -48,7 +48,6 @@ from intraskill_jax.skills.bank import Chunk, LedgerEntry, Proposal, SkillBank, 
 
 log = logging.getLogger(__name__)
 
-Evaluate = Callable[[Sequence[int], Sequence[GroupContext]], Sequence[float]]
 Rule = Literal["positive", "significant", "unless_harmful"]
 
 
@@ -105,6 +104,19 @@ class GateConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One validation episode's result: the training reward and whether the episode succeeded
+    (the episode's own verdict, so the gate agrees with every other success rate of the run
+    whichever reward is trained on)."""
+
+    reward: float
+    success: bool
+
+
+Evaluate = Callable[[Sequence[int], Sequence[GroupContext]], Sequence[Outcome]]
+
+
+@dataclasses.dataclass(frozen=True)
 class ColumnDecision:
     column: str  # chunk id or proposal id
     kind: Literal["chunk", "proposal"]
@@ -136,8 +148,7 @@ def decide(
     extra: dict[str, Any] | None = None,
 ) -> tuple[SkillBank, tuple[ColumnDecision, ...]]:
     """Applies the decision rule to a fit whose columns are `bank.active_ids` then `proposals`."""
-    active = bank.active
-    columns = [c.id for c in active] + [p.id for p in proposals]
+    columns = [c.id for c in bank.active] + [p.id for p in proposals]
     if contrib.beta.shape[0] != len(columns):
         raise ValueError(
             f"fit has {contrib.beta.shape[0]} columns, the bank and proposals {len(columns)}"
@@ -147,121 +158,117 @@ def decide(
         _, p_adj = stats.benjamini_hochberg(contrib.p, config.q)
         for est, pa in zip(estimates, p_adj):
             est["p_adjusted"] = float(pa)
-    passes = [_passes(est, config) for est in estimates]
-    by_id = dict(zip(columns, range(len(columns))))
-
-    best_rewrite: dict[str, Proposal] = {}
-    for prop in proposals:
-        if prop.op != "rewrite" or not passes[by_id[prop.id]]:
-            continue
-        if prop.target not in by_id:
-            raise ValueError(
-                f"proposal {prop.id} rewrites {prop.target!r}, which is not an active chunk"
-            )
-        beta_new, beta_old = contrib.beta[by_id[prop.id]], contrib.beta[by_id[prop.target]]
-        current = best_rewrite.get(prop.target)
-        if beta_new > beta_old + config.rewrite_margin and (
-            current is None or beta_new > contrib.beta[by_id[current.id]]
-        ):
-            best_rewrite[prop.target] = prop
-
-    decisions: list[ColumnDecision] = []
-    entries: list[LedgerEntry] = []
-    chunks: list[Chunk] = []
-    survivors: list[tuple[float, str]] = []
+    judged = _Judged(dict(zip(columns, estimates)), {c: _passes(e, config) for c, e in zip(columns, estimates)})
+    winners = _winning_rewrites(proposals, judged, config)
+    out = _Next()
     for chunk in bank.chunks:
         if chunk.status != "active":
-            chunks.append(chunk)
-            continue
-        j = by_id[chunk.id]
-        est = estimates[j]
-        rewrite = best_rewrite.get(chunk.id)
-        if rewrite is not None:
-            k = by_id[rewrite.id]
-            reason = (
-                f"rewrite {rewrite.id} beta {contrib.beta[k]:+.3f} beats the current text's "
-                f"{contrib.beta[j]:+.3f} by more than {config.rewrite_margin}"
-            )
-            chunks.append(
-                dataclasses.replace(
-                    chunk,
-                    en=rewrite.en,
-                    zh=rewrite.zh,
-                    title=rewrite.title or chunk.title,
-                    revision=chunk.revision + 1,
-                )
-            )
-            entries.append(
-                LedgerEntry(
-                    chunk.id,
-                    "rewrite",
-                    reason,
-                    {**estimates[k], "replaced": est},
-                    rewrite.trajectory_ids,
-                    rewrite.source,
-                    rewrite.id,
-                    {"en": chunk.en, "zh": chunk.zh},
-                )
-            )
-            decisions.append(ColumnDecision(chunk.id, "chunk", passes[j], "rewrite", reason, est))
-            survivors.append((float(contrib.beta[k]), chunk.id))
-        elif passes[j]:
-            reason = f"passes rule '{config.rule}' (beta {est['beta']:+.3f}, CI [{est['ci_low']:+.3f}, {est['ci_high']:+.3f}])"
-            chunks.append(chunk)
-            entries.append(LedgerEntry(chunk.id, "retain", reason, est))
-            decisions.append(ColumnDecision(chunk.id, "chunk", True, "retain", reason, est))
-            survivors.append((est["beta"], chunk.id))
+            out.chunks.append(chunk)
         else:
-            reason = f"fails rule '{config.rule}' (beta {est['beta']:+.3f}, CI [{est['ci_low']:+.3f}, {est['ci_high']:+.3f}])"
-            chunks.append(dataclasses.replace(chunk, status="retired"))
-            entries.append(LedgerEntry(chunk.id, "retire", reason, est))
-            decisions.append(ColumnDecision(chunk.id, "chunk", False, "retire", reason, est))
-
-    rejected = []
+            _decide_chunk(chunk, winners.get(chunk.id), judged, config, out)
     existing = {c.id for c in bank.chunks}
     for prop in proposals:
-        j = by_id[prop.id]
-        est = estimates[j]
-        if prop.op == "rewrite":
-            won = best_rewrite.get(prop.target) is prop
-            action = "rewrite" if won else ("superseded" if passes[j] else "reject")
-            reason = (
-                f"accepted as the new text of {prop.target}"
-                if won
-                else f"passes but does not beat {prop.target} or a better rewrite"
-                if passes[j]
-                else f"fails rule '{config.rule}'"
-            )
-        elif passes[j] and prop.id not in existing:
-            action, reason = "add", f"passes rule '{config.rule}' (beta {est['beta']:+.3f})"
-            chunks.append(Chunk(prop.id, prop.en, prop.zh, title=prop.title))
-            entries.append(
-                LedgerEntry(prop.id, "add", reason, est, prop.trajectory_ids, prop.source, prop.id)
-            )
-            survivors.append((est["beta"], prop.id))
-        else:
-            action = "reject"
-            reason = (
-                f"id {prop.id} already used"
-                if prop.id in existing
-                else f"fails rule '{config.rule}'"
-            )
-        decisions.append(ColumnDecision(prop.id, "proposal", passes[j], action, reason, est))
-        if action in ("reject", "superseded"):
-            rejected.append(
-                {**prop.to_json(), "estimate": est, "decision": action, "reason": reason}
-            )
+        _decide_proposal(prop, winners, existing, judged, config, out)
+    if config.max_active is not None and len(out.survivors) > config.max_active:
+        out.cap(config.max_active)
+    ledger_extra = {**(extra or {}), "rejected_proposals": out.rejected}
+    return bank.next_version(out.chunks, out.entries, ledger_extra), tuple(out.decisions)
 
-    if config.max_active is not None and len(survivors) > config.max_active:
-        cut = {cid for _, cid in sorted(survivors, reverse=True)[config.max_active :]}
-        chunks = [dataclasses.replace(c, status="retired") if c.id in cut else c for c in chunks]
-        for i, e in enumerate(entries):
-            if e.chunk_id in cut:
-                entries[i] = dataclasses.replace(
-                    e, action="retire", reason=f"{e.reason}; cut by max_active={config.max_active}"
-                )
-    ledger_extra = {**(extra or {}), "rejected_proposals": rejected}
-    return bank.next_version(chunks, entries, ledger_extra), tuple(decisions)
+
+@dataclasses.dataclass(frozen=True)
+class _Judged:
+    estimates: dict[str, dict[str, float]]  # column -> its row of the fit
+    passes: dict[str, bool]  # column -> passes the rule
+
+    def beta(self, column: str) -> float:
+        return float(self.estimates[column]["beta"])
+
+
+@dataclasses.dataclass
+class _Next:
+    """The next bank as the decision builds it: chunks, ledger entries, per-column decisions."""
+
+    chunks: list[Chunk] = dataclasses.field(default_factory=list)
+    entries: list[LedgerEntry] = dataclasses.field(default_factory=list)
+    decisions: list[ColumnDecision] = dataclasses.field(default_factory=list)
+    survivors: list[tuple[float, str]] = dataclasses.field(default_factory=list)  # (beta, id) kept active
+    rejected: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def cap(self, max_active: int) -> None:
+        """Retires the lowest-beta survivors beyond `max_active`, saying so in their ledger entries."""
+        cut = {cid for _, cid in sorted(self.survivors, reverse=True)[max_active:]}
+        self.chunks = [dataclasses.replace(c, status="retired") if c.id in cut else c for c in self.chunks]
+        self.entries = [dataclasses.replace(e, action="retire", reason=f"{e.reason}; cut by max_active={max_active}")
+                        if e.chunk_id in cut else e for e in self.entries]
+
+
+def _winning_rewrites(proposals: Sequence[Proposal], judged: _Judged, config: GateConfig) -> dict[str, Proposal]:
+    """Per target chunk, the passing rewrite with the highest beta above the target's + margin."""
+    best: dict[str, Proposal] = {}
+    for prop in proposals:
+        if prop.op != "rewrite" or not judged.passes[prop.id]:
+            continue
+        if prop.target not in judged.passes:
+            raise ValueError(f"proposal {prop.id} rewrites {prop.target!r}, which is not an active chunk")
+        current = best.get(prop.target)
+        if judged.beta(prop.id) > judged.beta(prop.target) + config.rewrite_margin and (
+            current is None or judged.beta(prop.id) > judged.beta(current.id)
+        ):
+            best[prop.target] = prop
+    return best
+
+
+def _rule_reason(verdict: str, est: dict[str, float], config: GateConfig) -> str:
+    return (f"{verdict} rule '{config.rule}' (beta {est['beta']:+.3f}, "
+            f"CI [{est['ci_low']:+.3f}, {est['ci_high']:+.3f}])")
+
+
+def _decide_chunk(chunk: Chunk, rewrite: Proposal | None, judged: _Judged, config: GateConfig, out: _Next) -> None:
+    """An active chunk is rewritten (a winning rewrite), retained (passes) or retired."""
+    est, passes = judged.estimates[chunk.id], judged.passes[chunk.id]
+    if rewrite is not None:
+        reason = (f"rewrite {rewrite.id} beta {judged.beta(rewrite.id):+.3f} beats the current text's "
+                  f"{est['beta']:+.3f} by more than {config.rewrite_margin}")
+        kept = dataclasses.replace(chunk, en=rewrite.en, zh=rewrite.zh, title=rewrite.title or chunk.title,
+                                   revision=chunk.revision + 1)
+        entry = LedgerEntry(chunk.id, "rewrite", reason, {**judged.estimates[rewrite.id], "replaced": est},
+                            rewrite.trajectory_ids, rewrite.source, rewrite.id, {"en": chunk.en, "zh": chunk.zh})
+        out.survivors.append((judged.beta(rewrite.id), chunk.id))
+    elif passes:
+        reason = _rule_reason("passes", est, config)
+        kept, entry = chunk, LedgerEntry(chunk.id, "retain", reason, est)
+        out.survivors.append((est["beta"], chunk.id))
+    else:
+        reason = _rule_reason("fails", est, config)
+        kept, entry = dataclasses.replace(chunk, status="retired"), LedgerEntry(chunk.id, "retire", reason, est)
+    out.chunks.append(kept)
+    out.entries.append(entry)
+    out.decisions.append(ColumnDecision(chunk.id, "chunk", passes, entry.action, reason, est))
+
+
+def _decide_proposal(prop: Proposal, winners: dict[str, Proposal], existing: set[str], judged: _Judged,
+                     config: GateConfig, out: _Next) -> None:
+    """A rewrite is applied (by `_decide_chunk`), superseded or rejected; an addition added or rejected."""
+    est, passes = judged.estimates[prop.id], judged.passes[prop.id]
+    if prop.op == "rewrite":
+        if winners.get(prop.target) is prop:
+            action, reason = "rewrite", f"accepted as the new text of {prop.target}"
+        elif passes:
+            action, reason = "superseded", f"passes but does not beat {prop.target} or a better rewrite"
+        else:
+            action, reason = "reject", f"fails rule '{config.rule}'"
+    elif prop.id in existing:
+        action, reason = "reject", f"id {prop.id} already used"
+    elif passes:
+        action, reason = "add", f"passes rule '{config.rule}' (beta {est['beta']:+.3f})"
+        out.chunks.append(Chunk(prop.id, prop.en, prop.zh, title=prop.title))
+        out.entries.append(LedgerEntry(prop.id, "add", reason, est, prop.trajectory_ids, prop.source, prop.id))
+        out.survivors.append((est["beta"], prop.id))
+    else:
+        action, reason = "reject", f"fails rule '{config.rule}'"
+    out.decisions.append(ColumnDecision(prop.id, "proposal", passes, action, reason, est))
+    if action in ("reject", "superseded"):
+        out.rejected.append({**prop.to_json(), "estimate": est, "decision": action, "reason": reason})
 
 
 def evidence(deltas: np.ndarray, num_columns: int, config: GateConfig = GateConfig()) -> tuple[bool, str]:
@@ -340,7 +347,7 @@ def run_gate(
     """Runs the arms through `evaluate`, fits the contributions and decides the next bank.
 
     `evaluate(task_ids, contexts)` plays one episode per (task, context) on the frozen checkpoint
-    and returns their rewards (strict; 1.0 is success). It is called once with all arms
+    and returns their `Outcome`s (the training reward and the episode's success). It is called once with all arms
     concatenated (bare, random, then full) so it can batch them. The gate's contexts carry masks
     over `columns` (active chunks, then proposals), not over the bank alone.
     """
@@ -367,19 +374,18 @@ def run_gate(
     if config.full_arm:
         contexts += [context((1,) * k)] * n
         arm_tasks += tasks
-    rewards = np.asarray(evaluate(arm_tasks, contexts), np.float64)
-    if rewards.shape != (len(arm_tasks),):
-        raise ValueError(
-            f"evaluate returned {rewards.shape[0] if rewards.ndim else 'a scalar'} rewards "
-            f"for {len(arm_tasks)} episodes"
-        )
+    outcomes = list(evaluate(arm_tasks, contexts))
+    if len(outcomes) != len(arm_tasks):
+        raise ValueError(f"evaluate returned {len(outcomes)} outcomes for {len(arm_tasks)} episodes")
+    rewards = np.asarray([o.reward for o in outcomes], np.float64)
+    success = np.asarray([o.success for o in outcomes], bool)
     bare, random = rewards[:n], rewards[n : 2 * n]
     full = rewards[2 * n :] if config.full_arm else None
     contrib = stats.chunk_contributions(
         random - bare, masks, cov_type=config.cov_type, alpha=config.alpha, names=columns
     )
     additivity = stats.additivity_check(contrib, full - bare) if full is not None else None
-    summary = _summary(bare, random, full, config)
+    summary = _summary(rewards, success, n, config)
     extra = {
         "fit": {
             "columns": list(columns),
@@ -437,11 +443,13 @@ def run_gate(
     )
 
 
-def _summary(
-    bare: np.ndarray, random: np.ndarray, full: np.ndarray | None, config: GateConfig
-) -> dict[str, float | None]:
-    """The per-round report: arm means, discordance, paired gain interval and exact McNemar."""
-    ok_b, ok_r = bare >= 1.0, random >= 1.0
+def _summary(rewards: np.ndarray, success: np.ndarray, n: int, config: GateConfig) -> dict[str, float | None]:
+    """The per-round report: arm means, discordance, paired gain interval and exact McNemar.
+
+    `rewards` and `success` hold the bare arm, the random arm, then the full arm if it ran, n each.
+    """
+    bare, random = rewards[:n], rewards[n : 2 * n]
+    ok_b, ok_r = success[:n], success[n : 2 * n]
     out: dict[str, float | None] = {
         "bare_reward": float(bare.mean()),
         "random_reward": float(random.mean()),
@@ -457,6 +465,6 @@ def _summary(
             random, bare, n_resamples=config.bootstrap_resamples, seed=config.seed
         )
         out["gain_reward_ci_low"], out["gain_reward_ci_high"] = diff.ci_low, diff.ci_high
-    if full is not None:
-        out["full_reward"], out["full_success"] = float(full.mean()), float((full >= 1.0).mean())
+    if rewards.size > 2 * n:
+        out["full_reward"], out["full_success"] = float(rewards[2 * n :].mean()), float(success[2 * n :].mean())
     return out

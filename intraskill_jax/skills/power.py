@@ -29,7 +29,7 @@ from scipy import stats as sps
 
 from intraskill_jax.rl.rollouts import GroupContext
 from intraskill_jax.skills.bank import Chunk, SkillBank
-from intraskill_jax.skills.gate import GateConfig, decide, run_gate
+from intraskill_jax.skills.gate import GateConfig, Outcome, decide, run_gate
 
 DEFAULT_BETAS = (0.12, 0.10, 0.08, 0.06, 0.0, 0.0, -0.06, -0.08, -0.10, -0.12)
 
@@ -64,12 +64,12 @@ def bernoulli_evaluate(
 ):
     """An `evaluate` whose success probability is difficulty[task] + mask . betas (mask from the context)."""
 
-    def evaluate(task_ids: Sequence[int], contexts: Sequence[GroupContext]) -> list[float]:
+    def evaluate(task_ids: Sequence[int], contexts: Sequence[GroupContext]) -> list[Outcome]:
         masks = np.asarray([c.skill_mask for c in contexts], np.float64)
         tasks = np.asarray(task_ids)
         prob = np.clip(difficulty[tasks] + masks @ betas, 0.0, 1.0)
         u = np.where(rng.random(prob.shape) < coupling, task_draw[tasks], rng.random(prob.shape))
-        return (u < prob).astype(np.float64).tolist()
+        return [Outcome(float(ok), bool(ok)) for ok in u < prob]  # reward 1 exactly when it succeeds
 
     return evaluate
 

@@ -8,10 +8,15 @@ import pytest
 
 from intraskill_jax import stats
 from intraskill_jax.skills.bank import Proposal, SkillBank
-from intraskill_jax.skills.gate import GateConfig, decide, draw_masks, run_gate
+from intraskill_jax.skills.gate import GateConfig, Outcome, decide, draw_masks, run_gate
 from intraskill_jax.skills.power import PowerConfig, bernoulli_evaluate, simulate, synthetic_bank
 
 S0 = Path(__file__).resolve().parents[2] / "skills" / "s0"
+
+
+def outcomes(rewards):
+    """Test episodes that succeed exactly when their reward is 1 (a strict reward)."""
+    return [Outcome(float(r), bool(r >= 1.0)) for r in rewards]
 
 
 def _fit(beta, se):
@@ -141,7 +146,7 @@ def test_run_gate_arms_contexts_and_round_files(tmp_path):
         calls.append((list(task_ids), list(contexts)))
         masks = np.asarray([c.skill_mask for c in contexts], float)
         base = (np.asarray(task_ids) % 2) * 0.5
-        return list(base + masks @ betas)  # deterministic, exactly additive
+        return outcomes(base + masks @ betas)  # deterministic, exactly additive
 
     tasks = list(range(100, 160))
     res = run_gate(
@@ -171,12 +176,12 @@ def test_run_gate_arms_contexts_and_round_files(tmp_path):
 
 def test_run_gate_rejects_bad_inputs(bank):
     with pytest.raises(ValueError, match="cannot identify"):
-        run_gate(lambda t, c: [0.0] * len(t), bank, [], [1, 2, 3], np.random.default_rng(0))
+        run_gate(lambda t, c: outcomes([0.0] * len(t)), bank, [], [1, 2, 3], np.random.default_rng(0))
     with pytest.raises(ValueError, match="returned"):
-        run_gate(lambda t, c: [0.0], bank, [], list(range(20)), np.random.default_rng(0))
+        run_gate(lambda t, c: outcomes([0.0]), bank, [], list(range(20)), np.random.default_rng(0))
     with pytest.raises(ValueError, match="proposal ids"):
         run_gate(
-            lambda t, c: [0.0] * len(t),
+            lambda t, c: outcomes([0.0] * len(t)),
             bank,
             [Proposal("chunk-0", "add", "x", "是")],
             list(range(20)),
@@ -235,10 +240,11 @@ def test_no_decision_without_evidence(bank, outcome, caplog):
     def evaluate(task_ids, contexts):
         n = len(tasks)
         if outcome == "all_zero":
-            return [0.0] * len(task_ids)
+            return outcomes([0.0] * len(task_ids))
         if outcome == "all_equal":  # every random-arm episode beats its bare twin by the same 0.5
-            return [0.0] * n + [0.5] * (len(task_ids) - n)
-        return [0.0] * n + [1.0 if t in wins else 0.0 for t in task_ids[n:2 * n]] + [0.0] * (len(task_ids) - 2 * n)
+            return outcomes([0.0] * n + [0.5] * (len(task_ids) - n))
+        random = [1.0 if t in wins else 0.0 for t in task_ids[n:2 * n]]
+        return outcomes([0.0] * n + random + [0.0] * (len(task_ids) - 2 * n))
 
     with caplog.at_level("WARNING", logger="intraskill_jax.skills.gate"):
         res = run_gate(evaluate, bank, props, tasks, np.random.default_rng(0),
@@ -264,9 +270,29 @@ def test_enough_discordant_pairs_let_the_gate_decide(bank):
         n = len(tasks)
         rand = [(1.0 if c.skill_mask[0] else -1.0) if t in moved else 0.0
                 for t, c in zip(task_ids[n:2 * n], contexts[n:2 * n])]
-        return [0.0] * n + rand + [0.0] * (len(task_ids) - 2 * n)
+        return outcomes([0.0] * n + rand + [0.0] * (len(task_ids) - 2 * n))
 
     res = run_gate(evaluate, bank, [], tasks, np.random.default_rng(0), config=GateConfig(bootstrap_resamples=0))
     assert res.metrics["gate/discordant"] == k + 1 and res.metrics["gate/evidence"] == 1.0
     assert res.contributions.beta[0] > 0 and "chunk-0" in res.bank.active_ids
     assert not any("no evidence" in e.reason for e in res.bank.ledger)
+
+
+def test_gate_success_is_the_episodes_own_not_a_reward_threshold(bank):
+    """Under a loose reward an episode can score 1.0 and fail, or succeed below 1.0: the gate's
+    success rates and McNemar count what each episode says, like every other success rate."""
+    tasks = list(range(30))
+    n = len(tasks)
+
+    def evaluate(task_ids, contexts):
+        # bare: reward 1.0 but never a success; random: reward 0.5, a success on even tasks
+        return ([Outcome(1.0, False)] * n + [Outcome(0.5, t % 2 == 0) for t in task_ids[n:2 * n]]
+                + [Outcome(0.5, True)] * (len(task_ids) - 2 * n))
+
+    res = run_gate(evaluate, bank, [], tasks, np.random.default_rng(0), config=GateConfig(bootstrap_resamples=0))
+    assert res.metrics["gate/bare_reward"] == 1.0 and res.metrics["gate/bare_success"] == 0.0
+    assert res.metrics["gate/random_success"] == 0.5 and res.metrics["gate/full_success"] == 1.0
+    assert res.metrics["gate/discordance"] == 0.5
+    from scipy.stats import binomtest
+
+    assert res.metrics["gate/mcnemar_p"] == pytest.approx(binomtest(0, 15, 0.5).pvalue)  # 15 flips, all one way
