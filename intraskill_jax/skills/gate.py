@@ -410,28 +410,7 @@ def run_gate(
     else:
         log.warning("gate round %d: %s; the bank is kept unchanged and no proposal is judged", bank.round, why)
         next_bank, decisions = keep_bank(bank, proposals, contrib, why, extra)
-    metrics = {f"gate/{k_}": v for k_, v in summary.items() if v is not None and math.isfinite(v)}
-    metrics["gate/evidence"] = float(informative)
-    metrics["gate/discordant"] = float(np.count_nonzero(random != bare))
-    metrics.update(
-        {
-            "gate/chunks_before": float(len(bank.active)),
-            "gate/chunks_after": float(len(next_bank.active)),
-            "gate/proposals": float(len(proposals)),
-            **{
-                f"gate/{a}": float(sum(d.action == a for d in decisions))
-                for a in ("retain", "retire", "rewrite", "add")
-            },
-        }
-    )
-    if additivity is not None:
-        metrics.update(
-            {
-                "gate/additivity_predicted": additivity.predicted,
-                "gate/additivity_observed": additivity.observed,
-                "gate/additivity_difference": additivity.difference,
-            }
-        )
+    metrics = _metrics(summary, informative, random != bare, bank, next_bank, proposals, decisions, additivity)
     log.info(
         "gate round %d -> %d: %s",
         bank.round,
@@ -441,6 +420,25 @@ def run_gate(
     return GateResult(
         next_bank, columns, contrib, additivity, decisions, masks, bare, random, full, metrics
     )
+
+
+def _metrics(summary: dict[str, float | None], informative: bool, discordant: np.ndarray, bank: SkillBank,
+             next_bank: SkillBank, proposals: Sequence[Proposal], decisions: Sequence[ColumnDecision],
+             additivity: stats.Additivity | None) -> dict[str, float]:
+    """The round's `gate/` scalars: the summary, the evidence, the bank's change, additivity."""
+    metrics = {f"gate/{k}": v for k, v in summary.items() if v is not None and math.isfinite(v)}
+    metrics["gate/evidence"] = float(informative)
+    metrics["gate/discordant"] = float(np.count_nonzero(discordant))
+    metrics["gate/chunks_before"] = float(len(bank.active))
+    metrics["gate/chunks_after"] = float(len(next_bank.active))
+    metrics["gate/proposals"] = float(len(proposals))
+    for action in ("retain", "retire", "rewrite", "add"):
+        metrics[f"gate/{action}"] = float(sum(d.action == action for d in decisions))
+    if additivity is not None:
+        metrics["gate/additivity_predicted"] = additivity.predicted
+        metrics["gate/additivity_observed"] = additivity.observed
+        metrics["gate/additivity_difference"] = additivity.difference
+    return metrics
 
 
 def _summary(rewards: np.ndarray, success: np.ndarray, n: int, config: GateConfig) -> dict[str, float | None]:
