@@ -273,9 +273,9 @@ def check_template(tokenizer: Any, *, family: Family, enable_thinking: bool) -> 
     except TemplateError as e:
         raise ChatTemplateError(f"{where} cannot render a tool-use conversation ({e}); use a template with tool "
                                 "and tool-response turns, such as intraskill_jax.tokenization.chat_template(family)") from None
-    if text != full:
-        raise ChatTemplateError(_history_changed(text, full, tokenizer, "an earlier turn", "when later turns follow",
-                                                 may_think=not enable_thinking))
+    if text != full:  # e.g. appended turns that depend on the conversation before them
+        raise ChatTemplateError(_history_changed(text, full, tokenizer, "a turn", "in one render of the whole "
+                                                 "conversation", may_think=not enable_thinking))
     if ids != full_ids:
         k = _first_difference(ids, full_ids)
         raise ChatTemplateError(
@@ -293,8 +293,13 @@ def _sampled_turn(tokenizer: Any, messages: list[dict[str, Any]], turn: Mapping[
     finished = _render([*messages, turn], tokenizer=tokenizer, tools=tools, add_generation_prompt=False,
                        enable_thinking=enable_thinking)
     if not finished.startswith(opened):
-        raise ChatTemplateError(_history_changed(opened, finished, tokenizer, "the generation prompt",
-                                                 "once the assistant turn it opens is written"))
+        history = _render(messages, tokenizer=tokenizer, tools=tools, add_generation_prompt=False,
+                          enable_thinking=enable_thinking)
+        if finished.startswith(history):
+            raise ChatTemplateError(_history_changed(opened, finished, tokenizer, "the turn its generation prompt "
+                                                     "opens", "once that turn is written"))
+        raise ChatTemplateError(_history_changed(history, finished, tokenizer, "an earlier assistant turn",
+                                                 "when a later one follows", may_think=not enable_thinking))
     body = finished[len(opened):]
     end = body.find(IM_END)
     if end < 0:

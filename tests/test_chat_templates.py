@@ -183,23 +183,36 @@ def test_multimodal_prompt_renders_incrementally():
     assert ids == prompt_ids(tok, messages, tools=tools_for("single"), enable_thinking=False)
 
 
-def keep_reasoning_on_the_last_turn_only(template: str) -> str:
-    """Qwen3.5's template as an R1-style one: earlier assistant turns lose their think block."""
-    assert template.count("{%- if loop.index0 > query.index %}") == 1
-    return template.replace("{%- if loop.index0 > query.index %}", "{%- if loop.last %}")
+# Variants of Qwen3.5's template: (text replaced, replacement). The first two keep reasoning on
+# fewer turns, as R1-style templates do: only on the last message, or only on the latest assistant
+# turn. The third numbers tool responses by their place in the conversation, which a stand-in
+# conversation cannot know, so only the whole probe episode shows it.
+VARIANTS = {
+    "last_message": ("{%- if loop.index0 > query.index %}", "{%- if loop.last %}"),
+    "latest_assistant": ("{%- if loop.index0 > query.index %}", "{%- if messages[loop.index0 + 1:] "
+                         "| selectattr('role', 'equalto', 'assistant') | list | length == 0 %}"),
+    "numbered_responses": ("'\\n<tool_response>\\n' ~ content",
+                           "'\\n<tool_response id=' ~ loop.index0 ~ '>\\n' ~ content"),
+}
 
 
 @pytest.mark.parametrize("template, family, thinking, message", [
     ("qwen3", "qwen3", False, r"drops the <think> block .* of the assistant turn before when tool responses follow"
                               r".*Fix: set agent\.enable_thinking=True"),
-    ("r1", "qwen3_5", True, r"drops the <think> block .*Fix: save a template that renders history as sampled"),
+    ("last_message", "qwen3_5", True, r"drops the <think> block .* of the assistant turn before when tool responses "
+                                      r"follow.*Fix: save a template that renders history as sampled"),
+    ("latest_assistant", "qwen3_5", True, r"drops the <think> block .* of an earlier assistant turn when a later one "
+                                          r"follows.*Fix: save a template"),
+    ("numbered_responses", "qwen3_5", False, r"renders a turn differently in one render of the whole conversation"),
     ("qwen3", "qwen3_5", True, r"writes tool calls as .* agent\.family='qwen3_5' does not parse"),
     ("qwen3_5", "qwen3", False, r"writes tool calls as .* agent\.family='qwen3' does not parse"),
 ])
 def test_templates_that_cannot_render_incrementally_are_refused(template, family, thinking, message):
-    tok = tokenizer_with("qwen3_5" if template == "r1" else template, family)
-    if template == "r1":
-        tok.chat_template = keep_reasoning_on_the_last_turn_only(tok.chat_template)
+    tok = tokenizer_with("qwen3_5" if template in VARIANTS else template, family)
+    if template in VARIANTS:
+        old, new = VARIANTS[template]
+        assert tok.chat_template.count(old) == 1
+        tok.chat_template = tok.chat_template.replace(old, new)
     with pytest.raises(ChatTemplateError, match=message):
         check_template(tok, family=family, enable_thinking=thinking)
 
@@ -227,7 +240,8 @@ def test_a_new_user_turn_is_refused_where_it_strips_earlier_reasoning(template):
     with pytest.raises(ChatTemplateError, match="when a user turn follows"):
         continuation_text(user="Actually, green.", enable_thinking=True, tokenizer=tok)
     prompt = "<|im_start|>assistant\n<think>\n" if template == "qwen3_5" else "<|im_start|>assistant\n"
-    assert continuation_text(tool_responses=["ok"], enable_thinking=True, tokenizer=tok).endswith("</tool_response><|im_end|>\n" + prompt)
+    appended = continuation_text(tool_responses=["ok"], enable_thinking=True, tokenizer=tok)
+    assert appended == "\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n" + prompt
 
 
 def test_project_continuation_is_the_chatml_it_always_was():
