@@ -119,9 +119,9 @@ def play(tok, family, thinking, separator):
 
 
 def conversation(thinking):
-    """The episode of TURNS as chat messages: one per turn of each kind, by hand."""
+    """The episode of TURNS as chat messages, and the conversation before each assistant turn."""
     messages = [{"role": "system", "content": system_prompt("en", "multi")}, {"role": "user", "content": FIRST_PAGE}]
-    after = [messages[:]]  # the conversation before each assistant turn
+    before_turn = [messages[:]]
     for reasoning, content, calls in TURNS:
         turn = {"role": "assistant", "content": content, "tool_calls": [
             {"type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}} for c in calls]}
@@ -131,8 +131,8 @@ def conversation(thinking):
         actions = [to_env_action(c) for c in calls]
         if "click[buy now]" not in actions:
             messages += [{"role": "tool", "content": PAGES[a]} for a in actions]
-            after.append(messages[:])
-    return messages, after
+            before_turn.append(messages[:])
+    return messages, before_turn
 
 
 INCREMENTAL = [  # (template, family, enable_thinking, separator between content and calls)
