@@ -1,6 +1,12 @@
 """The study's protocol on a dense Qwen3-4B (JSON tool calls, no DeltaNet layers).
 
     intraskill train --config=configs/qwen3_4b.py --workdir=... --config.policy.path=/ckpt/Qwen3-4B
+
+Qwen3's own chat template drops the empty think block of earlier assistant turns when thinking is
+off, so the trajectories could not equal a re-render of their conversations: loading its tokenizer
+with agent.enable_thinking=False (the default) stops with that message. Add
+--config.agent.enable_thinking=True, or save a template that keeps history as sampled as the
+checkpoint's chat_template.jinja.
 """
 
 import importlib.util

@@ -38,7 +38,7 @@ from sim.world import World, build_world
 
 from intraskill_jax import rundir
 from intraskill_jax.agent.demos import oracle_agreement, oracle_demonstrations
-from intraskill_jax.agent.episode import EpisodeSpec, run_episodes
+from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.learner import Learner
@@ -145,10 +145,16 @@ def load_policy(config: RunConfig, path: str | Path, mesh: Any = None) -> Any:
                            attention_block_size=p.attention_block_size)
 
 
-def load_tokenizer(path: str | Path) -> Any:
+def load_tokenizer(path: str | Path, agent: AgentConfig) -> Any:
+    """The HF tokenizer at `path`, its chat template checked against the agent loop's rendering
+    under `agent` (family, thinking) before any rollout: raises ChatTemplateError if they differ."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    from intraskill_jax.tokenization import check_template
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    check_template(tokenizer, family=agent.family, enable_thinking=agent.enable_thinking)
+    return tokenizer
 
 
 def warm_start(config: RunConfig, workdir: str | Path, base: Path, world: World, *,
@@ -177,7 +183,7 @@ def _warm_start(config: RunConfig, sft_dir: Path, base: Path, world: World, prog
     from intraskill_jax.rl.sft import run_sft
 
     ws, out = config.warm_start, sft_dir / "hf"
-    tokenizer = load_tokenizer(base)
+    tokenizer = load_tokenizer(base, config.agent)
     lang = config.sim.catalog.lang
     bank = SkillBank.load(resolve_repo_path(config.skills.initial))
 
@@ -257,7 +263,7 @@ class Coevolution:
             base = prepare_policy(config, self.workdir, self.world)
             bar.update()
         self.policy_path = warm_start(config, self.workdir, base, self.world, progress=progress)
-        self.tokenizer = load_tokenizer(self.policy_path)
+        self.tokenizer = load_tokenizer(self.policy_path, config.agent)
         # Accelerators shard over the configured mesh; CPU "devices" are test fakes (or host
         # threads) that sharding would only slow down.
         if mesh is None and jax.device_count() > 1 and (jax.default_backend() != "cpu" or jax.process_count() > 1):

@@ -117,7 +117,7 @@ def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condit
     bar = progress.stage("evaluation", len(conditions) * len(tasks), unit="episode")
     for version, policy in enumerate(dict.fromkeys(c.policy for c in conditions)):
         path = paths[policy]
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(path, config.agent)
         if config.rollout.engine == "sglang":
             engine = engine or make_engine(config, None)
             engine.sync_weights(str(path), version)

@@ -1,15 +1,20 @@
 """Chat rendering and tool calls for Qwen3.5 (XML-style calls) and Qwen3 (JSON calls).
 
 Episodes are token-in-token-out: the prompt is rendered once by the tokenizer's own chat template
-(`apply_chat_template`), sampled ids are kept verbatim, and each later turn *appends* the ids of
-`continuation_text` (tool responses or a user message, then the next generation prompt). History is
-never re-templated, so what the trainer scores is exactly what the sampler saw. The appended text
-is the ChatML the template itself would emit at that point; `tests/test_tokenization.py` checks
-the two agree token for token.
+(`prompt_ids`), sampled ids are kept verbatim, and each later turn *appends* the ids of
+`continuation_text` (tool responses, then the next generation prompt). History is never
+re-templated, so what the trainer scores is exactly what the sampler saw. The appended text is
+what the template itself renders at that point, found by rendering it, so a checkpoint's own
+template (Qwen3.5's think blocks and grouped tool responses, Qwen3's JSON calls) is followed too.
 
-`CHAT_TEMPLATES` holds templates written for this project in the documented format of each family
-(shared/reference/qwen3_5.md, section 9) for tokenizers built here; a real checkpoint's tokenizer
-brings its own template and the same renderer works on it.
+Appending equals one `apply_chat_template` of the whole conversation only if the template renders
+a finished turn the same whether or not turns follow it. Qwen3's template with thinking off, for
+one, drops the empty think block of earlier turns. `check_template` decides this at load by
+rendering a probe episode both ways, and says which property fails and what to do.
+
+`chat_template` writes templates for this project in the documented format of each family
+(shared/reference/qwen3_5.md, section 9) for tokenizers built here; `tests/test_chat_templates.py`
+holds test templates with the structure of the real checkpoints' ones.
 """
 
 from __future__ import annotations
@@ -109,19 +114,197 @@ def format_tool_calls(calls: Sequence[ToolCall], family: Family) -> str:
     return "\n".join(blocks)
 
 
-def generation_prompt(enable_thinking: bool) -> str:
-    return f"{IM_START}assistant\n" + (f"{THINK}\n" if enable_thinking else f"{THINK}\n\n{THINK_END}\n\n")
+class ChatTemplateError(ValueError):
+    """A chat template under which token-in-token-out rendering would not equal `apply_chat_template`."""
 
 
-def continuation_text(*, tool_responses: Sequence[str] = (), user: str | None = None, enable_thinking: bool = False) -> str:
-    """Text appended after a sampled turn (which ended with <|im_end|>) to open the next one."""
+def _render(messages: Sequence[Mapping[str, Any]], *, tokenizer: Any, add_generation_prompt: bool,
+            enable_thinking: bool, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """`messages` as text, rendered by the tokenizer's chat template (without a tokenizer: the
+    project's qwen3_5 template, whose turns after the system turn are those of every family)."""
+    tools = list(tools) if tools is not None else None
+    if tokenizer is None:
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        rendered, _ = render_jinja_template([list(messages)], tools=tools, chat_template=chat_template("qwen3_5"),
+                                            add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
+        return rendered[0]
+    return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
+                                         tokenize=False, enable_thinking=enable_thinking)
+
+
+def prompt_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
+               enable_thinking: bool) -> list[int]:
+    """An episode's first tokens: the conversation so far and the generation prompt, by the template."""
+    return list(tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools is not None else None,
+                                              add_generation_prompt=True, tokenize=True, return_dict=False,
+                                              enable_thinking=enable_thinking))
+
+
+def continuation_text(*, tool_responses: Sequence[str] = (), user: str | None = None, enable_thinking: bool = False,
+                      tokenizer: Any = None) -> str:
+    """Text appended after a sampled turn (which ended with <|im_end|>) to open the next one.
+
+    It is what the chat template (the tokenizer's; without one, the project's) renders at that
+    point: the difference between a stand-in conversation rendered with the new messages and the
+    generation prompt, and rendered without them, plus whatever the template writes after the
+    sampled turn's <|im_end|>. Raises ChatTemplateError when the template renders the turn before
+    differently once more turns follow, since appending could then never equal a full render.
+    """
     if bool(tool_responses) == (user is not None):
         raise ValueError("pass either tool_responses or a user message")
-    if user is not None:
-        body = user.strip()
+    appended = ([{"role": "user", "content": user}] if user is not None
+                else [{"role": "tool", "content": r} for r in tool_responses])
+    # A thinking turn carries reasoning: templates that keep a think block only around non-empty
+    # reasoning (Qwen3's) then render the stand-in turn alike whether or not it is the last.
+    reasoning = {"reasoning_content": "ok"} if enable_thinking else {}
+    base = [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "ok", **reasoning}]
+    before = _render(base, tokenizer=tokenizer, add_generation_prompt=False, enable_thinking=enable_thinking)
+    after = _render(base + appended, tokenizer=tokenizer, add_generation_prompt=True, enable_thinking=enable_thinking)
+    end = before.rfind(IM_END)
+    if end < 0:
+        raise _no_end_of_turn(tokenizer)
+    if not after.startswith(before):
+        when = "when a user turn follows" if user is not None else "when tool responses follow"
+        raise ChatTemplateError(_history_changed(before, after, tokenizer, "the assistant turn before", when,
+                                                 may_think=user is None and not enable_thinking))
+    return before[end + len(IM_END):] + after[len(before):]
+
+
+def _template_of(tokenizer: Any) -> str:
+    if tokenizer is None:
+        return "the project's chat template"
+    name = getattr(tokenizer, "name_or_path", "")
+    return f"the chat template of {name}" if name else "the tokenizer's chat template"
+
+
+def _no_end_of_turn(tokenizer: Any) -> ChatTemplateError:
+    return ChatTemplateError(f"{_template_of(tokenizer)} does not end assistant turns with {IM_END}, the token the agent "
+                             "loop stops sampling at; use a ChatML template such as "
+                             "intraskill_jax.tokenization.chat_template(family)")
+
+
+def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _history_changed(sampled: str, rendered: str, tokenizer: Any, subject: str, when: str, *,
+                     may_think: bool = False) -> str:
+    """Names what a template re-rendered: `sampled` is history as the agent loop keeps it,
+    `rendered` the template's render of the same conversation with `subject` no longer last.
+    `may_think`: thinking is off, and turning it on may help (a template may keep a think block
+    only around non-empty reasoning)."""
+    i = _first_difference(sampled, rendered)
+    fix = ("save a template that renders history as sampled as the checkpoint's chat_template.jinja "
+           "(intraskill_jax.tokenization.chat_template(family) is one)")
+    if sampled.rfind(THINK, 0, i + len(THINK)) > sampled.rfind(THINK_END, 0, i):
+        what = f"it drops the {THINK} block (the reasoning) of {subject} {when}"
+        if may_think:
+            fix = ("set agent.enable_thinking=True (Qwen3's template keeps a turn's non-empty reasoning after the "
+                   f"user's query, only an empty block is dropped), or {fix}")
     else:
-        body = "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in tool_responses)
-    return f"\n{IM_START}user\n{body}{IM_END}\n" + generation_prompt(enable_thinking)
+        what = f"it renders {subject} differently {when}"
+    return (f"{_template_of(tokenizer)} cannot be rendered token-in-token-out: {what}, so a trajectory would not "
+            f"equal apply_chat_template of its own conversation (sampled ...{sampled[max(0, i - 40):i + 40]!r}, "
+            f"template ...{rendered[max(0, i - 40):i + 40]!r}). Fix: {fix}.")
+
+
+# -- checking a template at load ------------------------------------------------------------------
+
+# A probe episode: the first turn only calls, the second writes content and two calls whose two
+# responses share one user turn; the first response ends in whitespace a template may trim.
+_PROBE_TASK = "Find me a blue latex pillow."
+_PROBE_REASONING = "The shopper wants a pillow, so I search first."
+_PROBE_TURNS: tuple[tuple[str, tuple[ToolCall, ...], tuple[str, ...]], ...] = (
+    ("", (ToolCall("search", {"keywords": "blue latex pillow"}),),
+     ("Page 1 [SEP] B0001 [SEP] Blue latex pillow, 40x60cm\n",)),
+    ("Two steps at once.", (ToolCall("click", {"value": "B0001"}), ToolCall("ask_shopper", {"question": "Which size?"})),
+     ("Blue latex pillow [SEP] size: 40x60 [SEP] Buy Now", "Shopper: 40x60, please.")),
+)
+
+
+def check_template(tokenizer: Any, *, family: Family, enable_thinking: bool) -> None:
+    """Raises ChatTemplateError unless the agent loop's rendering equals the template's, token for token.
+
+    Renders a probe tool-use episode two ways: as the agent loop builds it (the prompt, each
+    assistant turn as a policy samples it after the generation prompt, then the appended tool
+    responses and the next generation prompt) and as one `apply_chat_template` of the whole
+    conversation. Deciding by rendering covers templates never seen here. Also checks that the
+    template writes tool calls `family` parses and, when thinking, renders a turn's reasoning.
+    Cheap (a few renders): call it when a tokenizer is loaded, before any rollout.
+    """
+    from jinja2.exceptions import TemplateError
+
+    where = _template_of(tokenizer)
+    tools = tools_for("multi")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a shopping assistant."},
+                                      {"role": "user", "content": _PROBE_TASK}]
+    try:
+        ids = prompt_ids(tokenizer, messages, tools=tools, enable_thinking=enable_thinking)
+        text = _render(messages, tokenizer=tokenizer, tools=tools, add_generation_prompt=True,
+                       enable_thinking=enable_thinking)
+        for content, calls, responses in _PROBE_TURNS:
+            turn: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": [
+                {"type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}} for c in calls]}
+            if enable_thinking:
+                turn["reasoning_content"] = _PROBE_REASONING
+            sampled = _sampled_turn(tokenizer, messages, turn, tools, enable_thinking)
+            reply = parse_reply(sampled, family)
+            if reply.calls != calls:
+                raise ChatTemplateError(
+                    f"{where} writes tool calls as {sampled!r}, which agent.family={family!r} does not parse "
+                    f"({reply.error or 'different calls'}); set agent.family to the checkpoint's family "
+                    "('qwen3_5': XML calls, 'qwen3': JSON calls)")
+            if enable_thinking and _PROBE_REASONING not in sampled:
+                raise ChatTemplateError(
+                    f"{where} does not render an assistant turn's reasoning ({sampled!r}), so with "
+                    "agent.enable_thinking=True what a policy reasons would vanish from its history; set "
+                    "agent.enable_thinking=False or use a template that renders reasoning_content")
+            continuation = continuation_text(tool_responses=responses, enable_thinking=enable_thinking,
+                                             tokenizer=tokenizer)
+            # Apart, as in the loop: the engine's tokens, then the appended ones.
+            ids += tokenizer.encode(sampled, add_special_tokens=False)
+            ids += tokenizer.encode(continuation, add_special_tokens=False)
+            text += sampled + continuation
+            messages += [turn] + [{"role": "tool", "content": r} for r in responses]
+        full = _render(messages, tokenizer=tokenizer, tools=tools, add_generation_prompt=True,
+                       enable_thinking=enable_thinking)
+        full_ids = prompt_ids(tokenizer, messages, tools=tools, enable_thinking=enable_thinking)
+    except TemplateError as e:
+        raise ChatTemplateError(f"{where} cannot render a tool-use conversation ({e}); use a template with tool "
+                                "and tool-response turns, such as intraskill_jax.tokenization.chat_template(family)") from None
+    if text != full:  # e.g. appended turns that depend on the conversation before them
+        raise ChatTemplateError(_history_changed(text, full, tokenizer, "a turn", "in one render of the whole "
+                                                 "conversation", may_think=not enable_thinking))
+    if ids != full_ids:
+        k = _first_difference(ids, full_ids)
+        raise ChatTemplateError(
+            f"{where} renders the same text both ways, but the tokenizer splits it differently at token {k} "
+            f"({tokenizer.decode(ids[k:k + 4])!r} appended vs {tokenizer.decode(full_ids[k:k + 4])!r} in one piece): "
+            "turn boundaries must fall on special tokens such as <|im_end|>")
+
+
+def _sampled_turn(tokenizer: Any, messages: list[dict[str, Any]], turn: Mapping[str, Any],
+                  tools: Sequence[Mapping[str, Any]], enable_thinking: bool) -> str:
+    """`turn` as a policy samples it: the template's render of it as the last turn, less the
+    generation prompt that opened it, through the <|im_end|> the sampler stops at."""
+    opened = _render(messages, tokenizer=tokenizer, tools=tools, add_generation_prompt=True,
+                     enable_thinking=enable_thinking)
+    finished = _render([*messages, turn], tokenizer=tokenizer, tools=tools, add_generation_prompt=False,
+                       enable_thinking=enable_thinking)
+    if not finished.startswith(opened):
+        history = _render(messages, tokenizer=tokenizer, tools=tools, add_generation_prompt=False,
+                          enable_thinking=enable_thinking)
+        if finished.startswith(history):
+            raise ChatTemplateError(_history_changed(opened, finished, tokenizer, "the turn its generation prompt "
+                                                     "opens", "once that turn is written"))
+        raise ChatTemplateError(_history_changed(history, finished, tokenizer, "an earlier assistant turn",
+                                                 "when a later one follows", may_think=not enable_thinking))
+    body = finished[len(opened):]
+    end = body.find(IM_END)
+    if end < 0:
+        raise _no_end_of_turn(tokenizer)
+    return body[: end + len(IM_END)]
 
 
 # -- parsing ------------------------------------------------------------------------------------
@@ -247,7 +430,8 @@ def _assistant_calls(family: Family) -> str:
 
 def chat_template(family: Family, style: TemplateStyle = "full") -> str:
     """A Jinja chat template in the family's documented format (ChatML turns, tools in the system
-    turn, tool results inside user turns, an empty think block on assistant turns).
+    turn, tool results inside user turns, a think block holding `reasoning_content` on every
+    assistant turn, empty without it), under which appending renders history as sampled.
 
     `style='compact'` shortens only the tool preamble of the system turn (see `_compact_preamble`);
     every turn after it, and so every sampled or appended token, is the same in both styles.
@@ -264,7 +448,7 @@ def chat_template(family: Family, style: TemplateStyle = "full") -> str:
         "{%- for message in rest %}"
         "{%- if message.role == 'user' %}{{ '<|im_start|>user\\n' + (message.content | trim) + '<|im_end|>\\n' }}"
         "{%- elif message.role == 'assistant' %}{%- set content = (message.content or '') | trim %}"
-        "{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + content }}"
+        "{{ '<|im_start|>assistant\\n<think>\\n' + ((message.reasoning_content or '') | trim) + '\\n</think>\\n\\n' + content }}"
         "{%- if message.tool_calls %}" + _assistant_calls(family) + "{%- endif %}{{ '<|im_end|>\\n' }}"
         "{%- elif message.role == 'tool' %}"
         "{%- if loop.first or rest[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"

@@ -104,7 +104,8 @@ def test_two_rounds_keep_the_helpful_chunk_and_retire_the_harmful_one(toy_bank, 
     monkeypatch.setattr(coevolve, "run_episodes", with_envs(coevolve.run_episodes))
     config = toy_config(toy_bank)
     workdir = tmp_path / "run"
-    tokenizer = coevolve.load_tokenizer(coevolve.prepare_policy(config, workdir, coevolve.build_world(config.sim)))
+    tokenizer = coevolve.load_tokenizer(coevolve.prepare_policy(config, workdir, coevolve.build_world(config.sim)),
+                                        config.agent)
     holder["engine"] = ChunkSensitiveEngine(tokenizer)
     run = coevolve.Coevolution(config, workdir, progress=False, engine=holder["engine"])
     try:

@@ -25,6 +25,7 @@ from intraskill_jax.tokenization import (
     Family,
     continuation_text,
     parse_reply,
+    prompt_ids,
     to_env_action,
     tools_for,
 )
@@ -36,6 +37,9 @@ class AgentConfig:
 
     Attributes:
       family: chat/tool-call format of the policy ('qwen3_5' XML calls, 'qwen3' JSON calls).
+      enable_thinking: the chat template's thinking switch (Qwen: the generation prompt opens a
+        think block for the policy to fill, or writes an empty one). `tokenization.check_template`
+        refuses a template that would drop the reasoning from history under the chosen setting.
       max_turns: agent turns (model replies) before the episode is cut with no purchase.
       max_context_tokens: the conversation may not outgrow this (prompt + all turns + next reply).
       max_observation_chars: observations are cut to this many characters (keeps context bounded).
@@ -153,10 +157,7 @@ def _start(env: Env, tokenizer: Any, spec: EpisodeSpec, config: AgentConfig, epi
     view = first.info["view"]
     system = system_prompt(env.lang, env.config.mode, spec.skill_text, view.get("user_persona"))
     messages = [{"role": "system", "content": system}, {"role": "user", "content": _observation(env, first.observation, config)}]
-    prompt = tokenizer.apply_chat_template(
-        messages, tools=tools_for(env.config.mode), add_generation_prompt=True, tokenize=True,
-        return_dict=False, enable_thinking=config.enable_thinking,
-    )
+    prompt = prompt_ids(tokenizer, messages, tools=tools_for(env.config.mode), enable_thinking=config.enable_thinking)
     traj = Trajectory(
         episode_id=episode_id, task_id=spec.task_id, group=spec.group, skill_mask=tuple(spec.skill_mask),
         token_ids=[], loss_mask=[], logprobs=[], prompt_length=len(prompt),
@@ -206,8 +207,8 @@ def _advance(env: Env, traj: Trajectory, completion: Any, tokenizer: Any, sampli
     if len(traj.turns) >= config.max_turns:
         _end(traj, env, None, truncated="turns")
         return
-    ids = tokenizer.encode(continuation_text(tool_responses=responses, enable_thinking=config.enable_thinking),
-                           add_special_tokens=False)
+    text = continuation_text(tool_responses=responses, enable_thinking=config.enable_thinking, tokenizer=tokenizer)
+    ids = tokenizer.encode(text, add_special_tokens=False)
     turn.observation_chars = sum(len(r) for r in responses)
     turn.observation_tokens = len(ids)
     if len(traj.token_ids) + len(ids) + sampling.max_new_tokens > config.max_context_tokens:
