@@ -44,7 +44,7 @@ def shared(tmp_path_factory):
     config = preset_config("coevolve")
     world = build_world(config.sim)
     base = coevolve.prepare_policy(config, tmp_path_factory.mktemp("policy"), world)
-    return world, base, coevolve.load_tokenizer(base)
+    return world, base, coevolve.load_tokenizer(base, config.agent)
 
 
 def one_step(preset, shared, workdir):
