@@ -68,7 +68,7 @@ def test_help_documents_every_flag():
 def test_tpu_dry_run_copies_installs_serves_and_trains_on_every_worker():
     commands = _dry_run("tpu", "--name", "pod", "--zone", "us-east5-a", "--project", "proj", "--config", CONFIG,
                         "--workdir", "gs://bucket/run 1", "--model-path", "/ckpt/q",
-                        "--server-env", "JAX_PLATFORMS=cpu", "--", "--config.train.steps=2")
+                        "--server-env", "JAX_PLATFORMS=cpu", "--", "--config.train.gate_every=2")
     archive, scp, extract, install, serve, wait, train, stop = commands
     assert archive[:2] == ["git", "archive"] and archive[-1] == "HEAD"
     assert scp[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"] and "--worker=all" in scp
@@ -89,7 +89,7 @@ def test_tpu_dry_run_copies_installs_serves_and_trains_on_every_worker():
     assert _after(trainer, "env") == [
         "INTRASKILL_DISTRIBUTED=auto", "python3", "-m", "intraskill_jax.cli", "train", "--config", CONFIG,
         "--workdir", "gs://bucket/run 1", "--config.policy.path=/ckpt/q", "--config.rollout.engine=sglang",
-        "--config.rollout.url=http://127.0.0.1:30000", "--config.train.steps=2"]
+        "--config.rollout.url=http://127.0.0.1:30000", "--config.train.gate_every=2"]
     assert "kill" in _remote(stop)[1]
 
 
@@ -178,13 +178,13 @@ fi
     stub.chmod(0o755)
     out = _launch("gpu", "--config", CONFIG, "--workdir", str(tmp_path / "run"), "--model-path", "/ckpt/q",
                   "--python", str(stub), "--port", str(port), "--log-dir", str(tmp_path / "logs"),
-                  "--", "--config.train.steps=1", env={**os.environ, "PATH": os.environ["PATH"]})
+                  "--", "--config.train.gate_every=1", env={**os.environ, "PATH": os.environ["PATH"]})
     assert out.returncode == 0, out.stderr
     serve, train = calls.read_text().splitlines()
     assert serve.startswith("-m intraskill_jax.cli serve --model-path /ckpt/q --host 127.0.0.1")
     assert train == (f"-m intraskill_jax.cli train --config {CONFIG} --workdir {tmp_path / 'run'} "
                      f"--config.policy.path=/ckpt/q --config.rollout.engine=sglang "
-                     f"--config.rollout.url=http://127.0.0.1:{port} --config.train.steps=1")
+                     f"--config.rollout.url=http://127.0.0.1:{port} --config.train.gate_every=1")
     deadline = time.monotonic() + 10
     while _port_open(port) and time.monotonic() < deadline:
         time.sleep(0.2)
