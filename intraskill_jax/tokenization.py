@@ -12,9 +12,10 @@ a finished turn the same whether or not turns follow it. Qwen3's template with t
 one, drops the empty think block of earlier turns. `check_template` decides this at load by
 rendering a probe episode both ways, and says which property fails and what to do.
 
-`chat_template` writes templates for this project in the documented format of each family
-(shared/reference/qwen3_5.md, section 9) for tokenizers built here; `tests/test_chat_templates.py`
-holds test templates with the structure of the real checkpoints' ones.
+`chat_template` writes templates for this project in each family's format (ChatML turns, tools
+listed in the system turn, Qwen3.5's XML or Qwen3's JSON calls, tool responses grouped in one
+user turn) for tokenizers built here; `tests/data/chat_templates/` holds test templates with the
+structure of the real checkpoints' ones.
 """
 
 from __future__ import annotations

@@ -4,13 +4,11 @@ Two formats, told apart by content (never by file name):
 
 * ShopSimulator: `items_eval_train.json[.gz]`, a JSON list of products with a `title`, a `›`
   category path, per-option prices and one task each (`instructions[0]`), persona tasks carrying
-  `user_persona` and `reason_key` (shopping-env.md, section 8).
+  `user_persona` and `reason_key`.
 * WebShop: `items_shuffle*.json`, a JSON list of products with a `name` and `"$..."` price
-  strings, plus `items_human_ins.json` (`{asin: [instruction, ...]}`), one task per instruction
-  (shopping-env.md, section 10).
+  strings, plus `items_human_ins.json` (`{asin: [instruction, ...]}`), one task per instruction.
 
-Both become the simulator's `Product`/`Task` records, with the upstream bugs fixed on the way in
-(shopping-env.md, 9.3):
+Both become the simulator's `Product`/`Task` records, with the upstream bugs fixed on the way in:
 
 * `price_upper` is the budget the instruction states, parsed deterministically ("40元左右" is
   "about 40": 44.0; "低于/以内/不超过 X 元" and "price lower than X dollars" are X). A WebShop

@@ -16,7 +16,7 @@ class OptionValue:
 
 @dataclasses.dataclass(frozen=True)
 class Product:
-    """One catalog item, in ShopSimulator's schema (see shopping-env.md section 8.2).
+    """One catalog item, in ShopSimulator's item schema.
 
     `options` maps each option axis (e.g. colour, size) to its values in display order. At most one
     axis carries per-value prices, so the price of a selected SKU is always well defined.

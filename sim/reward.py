@@ -1,4 +1,4 @@
-"""Episode reward: ShopSimulator's components with the upstream bugs fixed (shopping-env.md, 9).
+"""Episode reward: ShopSimulator's components with the upstream bugs fixed.
 
     r_type   1.0 same product type (leaf category); else WebShop's weaker match: 0.5 when the
              category shares >= 2 nodes or title_score > 0.2; then 0.1 when title_score < 0.1 and

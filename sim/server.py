@@ -1,6 +1,6 @@
 """ShopSimulator's HTTP service (`POST /api/shop_agent`) over one shared, read-only world.
 
-Wire protocol (shopping-env.md, section 3), kept so existing ShopSimulator clients work unchanged.
+The wire protocol is ShopSimulator's, kept so existing ShopSimulator clients work unchanged.
 Every answer is `{"result": {...}}`.
 
     {"action": "reset", "idx": <task id>, "env_idx": <optional slot>}
