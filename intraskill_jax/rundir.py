@@ -33,14 +33,6 @@ import numpy as np
 
 from intraskill_jax.agent.trajectory import Trajectory, Turn
 
-# Fields of every episode record (training, gate and evaluation episodes alike).
-EPISODE_FIELDS = (
-    "episode_id", "task_id", "group", "skill_mask", "reward", "success", "reward_detail",
-    "turns", "generated_tokens", "tokens_per_turn", "searches", "product_visits", "repairs",
-    "truncated",
-)
-
-
 def rollouts_path(workdir: str | os.PathLike, step: int) -> Path:
     return Path(workdir) / "rollouts" / f"step_{step:06d}.jsonl"
 

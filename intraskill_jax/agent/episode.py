@@ -11,7 +11,7 @@ and the turn records a *repair*; the episode goes on.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 from sim import render, reward
@@ -99,7 +99,6 @@ def run_episodes(
     config: AgentConfig,
     *,
     episode_prefix: str = "ep",
-    on_round: Callable[[int], None] | None = None,
     max_concurrent: int | None = None,
 ) -> list[Trajectory]:
     """Plays `specs[i]` in `envs[i]` to the end (purchase, env step limit, turn or context limit).
@@ -126,7 +125,6 @@ def run_episodes(
     trajs: list[Trajectory | None] = [None] * len(specs)
     waiting = list(range(len(specs)))[::-1]
     active: list[int] = []
-    rounds = 0
     while True:
         while waiting and len(active) < capacity:
             i = waiting.pop()
@@ -146,9 +144,6 @@ def run_episodes(
             else:
                 still.append(i)
         active = still
-        rounds += 1
-        if on_round is not None:
-            on_round(rounds)
     return trajs
 
 
