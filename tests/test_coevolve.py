@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,16 +18,8 @@ from intraskill_jax.metrics import read_metrics
 from intraskill_jax.skills.analysts import validate
 from intraskill_jax.skills.bank import SkillBank, latest_round
 
-REPO = Path(__file__).resolve().parents[1]
-QUICKSTART = REPO / "configs" / "quickstart.py"
+from tests.runs import REPO, SMOKE, smoke_config
 
-SMOKE = f"{QUICKSTART}:smoke"  # the quickstart shrunk to minutes on two cores (configs/quickstart.py)
-
-
-def short_config():
-    from intraskill_jax import runconfig
-
-    return runconfig.load_file(SMOKE)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +29,7 @@ def finished_run(tmp_path_factory):
     from intraskill_jax.evaluate import evaluate
 
     workdir = tmp_path_factory.mktemp("run")
-    config = short_config()
+    config = smoke_config()
     run = Coevolution(config, workdir, progress=False)
     try:
         run.run()

@@ -19,7 +19,7 @@ from intraskill_jax.rollout.base import ScriptedEngine
 from intraskill_jax.skills.bank import Chunk, SkillBank
 from intraskill_jax.tokenization import IM_END, format_tool_calls, from_env_action
 
-from tests.test_coevolve import QUICKSTART
+from tests.runs import QUICKSTART
 
 CHUNKS = {  # id -> (text, effect on the chance of success)
     "helpful": ("Read the whole request before you act.", +0.4),

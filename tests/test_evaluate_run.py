@@ -21,7 +21,7 @@ from intraskill_jax.rl.sft import reply_logprobs
 from intraskill_jax.runconfig import resolve_repo_path, with_overrides
 from intraskill_jax.skills.bank import LedgerEntry, SkillBank
 
-from tests.test_coevolve import short_config
+from tests.runs import smoke_config
 
 NUM_TASKS = 3
 
@@ -31,7 +31,7 @@ def evaluated(tmp_path_factory):
     """A workdir with a fresh base policy, a perturbed `hf/final`, S0 as round 0 and a round 1 that
     retired two chunks; then `evaluate` with every played trajectory captured."""
     workdir = tmp_path_factory.mktemp("eval")
-    config = with_overrides(short_config(), {"warm_start.enabled": False, "eval.num_tasks": NUM_TASKS,
+    config = with_overrides(smoke_config(), {"warm_start.enabled": False, "eval.num_tasks": NUM_TASKS,
                                              "eval.sampling.max_new_tokens": 16, "agent.max_turns": 2,
                                              # log-probs of the untruncated T=1 distribution: what teacher forcing scores
                                              "eval.sampling.temperature": 1.0, "eval.sampling.top_p": 1.0,

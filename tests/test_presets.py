@@ -17,7 +17,7 @@ from intraskill_jax.rollout.base import ScriptedEngine
 from intraskill_jax.skills.bank import SkillBank, latest_round
 from intraskill_jax.tokenization import IM_END, format_tool_calls, from_env_action
 
-from tests.test_coevolve import SMOKE
+from tests.runs import SMOKE
 
 # One step that closes one round, no warm start: the preset's whole cycle at the smallest size.
 ONE_STEP = {"warm_start.enabled": False, "train.rounds": 1, "train.gate_every": 1}
