@@ -225,6 +225,11 @@ def causal_conv1d(
     b, t, c = x.shape
     if state is None:
         state = jnp.zeros((b, kernel - 1, c), x.dtype)
+    if mask is not None and t == 1:
+        # One decode token is real or absent: a select keeps absent rows' state, where the
+        # general path below would sort, gather and scatter every step.
+        y, shifted = causal_conv1d(x, weight, state)
+        return y, jnp.where(mask[:, :1, None], shifted, state)
     if mask is not None:
         order = jnp.argsort(~mask, axis=1, stable=True)  # real tokens first
         x = jnp.take_along_axis(x, order[..., None], axis=1)

@@ -118,3 +118,20 @@ def test_causal_conv_skips_masked_tokens_anywhere():
     # No real token at all: the state is carried unchanged.
     _, kept = gd.causal_conv1d(jnp.asarray(x[:, :1]), w, state, jnp.zeros((1, 1), bool))
     np.testing.assert_array_equal(kept, state)
+
+
+def test_causal_conv_one_token_step_matches_the_general_masked_path():
+    """The one-token decode form (a select) equals the general compaction path, for real and
+    absent tokens alike."""
+    rng = np.random.default_rng(2)
+    w = jnp.asarray(rng.normal(size=(6, 1, 4)), jnp.float32)
+    state = jnp.asarray(rng.normal(size=(3, 3, 6)), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(3, 1, 6)), jnp.float32)
+    mask = jnp.asarray([[True], [False], [True]])
+    y, new_state = gd.causal_conv1d(x, w, state, mask)
+    # The general path on the same token followed by an always-absent one.
+    pad = jnp.concatenate([x, jnp.zeros_like(x)], axis=1)
+    y2, state2 = gd.causal_conv1d(pad, w, state, jnp.concatenate([mask, jnp.zeros_like(mask)], axis=1))
+    np.testing.assert_allclose(np.asarray(y)[np.asarray(mask)], np.asarray(y2[:, :1])[np.asarray(mask)], rtol=1e-6)
+    np.testing.assert_allclose(new_state, state2, rtol=1e-6)
+    np.testing.assert_array_equal(new_state[1], state[1])  # the absent row keeps its state
