@@ -41,6 +41,12 @@ EPISODE_FIELDS = (
 )
 
 
+def hf_weights_dir(workdir: str | os.PathLike, version: int) -> Path:
+    """The HF directory (safetensors, config, tokenizer) of weight version `version` that a
+    rollout server loads (`update_weights_from_disk`)."""
+    return Path(workdir) / "hf" / f"weight_v{version:06d}"
+
+
 def rollouts_path(workdir: str | os.PathLike, step: int) -> Path:
     return Path(workdir) / "rollouts" / f"step_{step:06d}.jsonl"
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import tenacity
 
-from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams
+from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class SGLangEngine:
         except httpx.TransportError as e:
             raise SGLangError(
                 f"SGLang server at {self.base_url} is unreachable ({type(e).__name__}: {e}); start it "
-                "(`python -m sglang.launch_server ...` or `intraskill serve`) or fix rollout.server_url"
+                "(`python -m sglang.launch_server ...` or `intraskill serve`) or fix rollout.url"
             ) from e
         except _Retryable as e:
             raise SGLangError(f"{url} kept failing after retries: {e}") from e
@@ -117,7 +117,15 @@ class SGLangEngine:
         except SGLangError as e:  # a stock SGLang server has no such route; its radix cache evicts anyway
             log.debug("close_session: %s", e)
 
+    def reseed(self, seed: int, step: int) -> None:
+        """A no-op: the server samples from its own RNG and no per-request seed is sent, so replaying
+        a step exactly after a resume holds for the embedded sampler only."""
+
     # -- weight sync -----------------------------------------------------------------------------
+
+    def update_weights(self, weights: WeightUpdate) -> None:
+        """Has the server load `weights.hf_dir()` (exported on this call if it is not on disk yet)."""
+        self.sync_weights(str(weights.hf_dir()), weights.version)
 
     def sync_weights(self, model_path: str, weight_version: int) -> None:
         """Pause, flush (retried while requests drain), reload from disk, continue."""
