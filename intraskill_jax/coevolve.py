@@ -43,7 +43,8 @@ from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.learner import Learner
 from intraskill_jax.rl.rollouts import Experience, GroupContext
-from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
+from intraskill_jax.rollout.base import RolloutEngine, SamplingParams, WeightUpdate
+from intraskill_jax.rollout.factory import make_engine
 from intraskill_jax.runconfig import RunConfig, resolve_repo_path
 from intraskill_jax.skills.analysts import Analyst, OfflineAnalyst, propose
 from intraskill_jax.skills.bank import SkillBank, latest_round
@@ -214,16 +215,6 @@ def _warm_start(config: RunConfig, sft_dir: Path, base: Path, world: World, prog
     return _publish(out, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
 
 
-def make_engine(config: RunConfig, model: Any) -> RolloutEngine:
-    if config.rollout.engine == "sglang":
-        from intraskill_jax.rollout.sglang import SGLangEngine
-
-        return SGLangEngine(config.rollout.url)
-    from intraskill_jax.rollout.jax_sampler import JaxSampler
-
-    return JaxSampler(model, config.rollout.sampler)
-
-
 def make_analyst(config: RunConfig) -> Analyst:
     if config.skills.analyst == "openai":
         from intraskill_jax.skills.analyst_openai import OpenAIAnalyst
@@ -234,10 +225,9 @@ def make_analyst(config: RunConfig) -> Analyst:
 
 def play(engine: RolloutEngine, world: World, tokenizer: Any, config: RunConfig, task_ids: Sequence[int],
          contexts: Sequence[GroupContext], sampling: SamplingParams, *, prefix: str,
-         seed: Sequence[int]) -> list[Trajectory]:
+         seed: tuple[int, int]) -> list[Trajectory]:
     """One episode per (task, context), seeded so the same call replays the same episodes."""
-    if hasattr(engine, "reseed"):
-        engine.reseed(*seed)
+    engine.reseed(*seed)
     specs = [EpisodeSpec(int(t), group=i, skill_text=c.skill_text, skill_mask=c.skill_mask)
              for i, (t, c) in enumerate(zip(task_ids, contexts))]
     return run_episodes(engine, [ShopEnv(world) for _ in specs], tokenizer, specs, sampling, config.agent,
@@ -271,7 +261,8 @@ class Coevolution:
 
             mesh = make_mesh(config.mesh)
         model = load_policy(config, self.policy_path, mesh)
-        self.engine = engine if engine is not None else make_engine(config, model)
+        self.engine = engine if engine is not None else make_engine(
+            config.rollout, WeightUpdate.published(0, self.policy_path, lambda: model))
         self.analyst = make_analyst(config)
         self.validation = [int(t) for t in self.world.splits.validation[: config.skills.validation_tasks]]
         self.bank = self._load_bank()

@@ -14,6 +14,7 @@ intervals, McNemar) reads them (`intraskill_jax.analysis.results`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,9 +25,11 @@ import numpy as np
 from sim.world import World, build_world
 
 from intraskill_jax import rundir
-from intraskill_jax.coevolve import load_policy, load_tokenizer, make_engine, play, prepare_policy
+from intraskill_jax.coevolve import load_policy, load_tokenizer, play, prepare_policy
 from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.rollouts import GroupContext
+from intraskill_jax.rollout.base import RolloutEngine, WeightUpdate
+from intraskill_jax.rollout.factory import make_engine
 from intraskill_jax.runconfig import CONDITIONS, RunConfig, resolve_repo_path
 from intraskill_jax.skills.bank import SkillBank, latest_round
 
@@ -113,16 +116,15 @@ def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condit
     paths = {c.policy: policy_path(config, workdir, c.policy, world) for c in conditions}
     banks = {c.skill: skill_bank(config, workdir, c.skill) for c in conditions}
     rows: list[dict[str, Any]] = []
-    engine, tokenizer = None, None
+    engine: RolloutEngine | None = None
     bar = progress.stage("evaluation", len(conditions) * len(tasks), unit="episode")
     for version, policy in enumerate(dict.fromkeys(c.policy for c in conditions)):
         path = paths[policy]
         tokenizer = load_tokenizer(path, config.agent)
-        if config.rollout.engine == "sglang":
-            engine = engine or make_engine(config, None)
-            engine.sync_weights(str(path), version)
-        else:
-            engine = make_engine(config, load_policy(config, path))
+        # The model is loaded only for an engine that samples in process; a server loads `path`.
+        weights = WeightUpdate.published(version, path, functools.partial(load_policy, config, path))
+        engine = engine or make_engine(config.rollout, weights)
+        engine.update_weights(weights)
         for cond in (c for c in conditions if c.policy == policy):
             bank = banks[cond.skill]
             mask = None if bank is None else (cond.mask if cond.mask is not None else bank.full_mask())

@@ -33,6 +33,12 @@ import numpy as np
 
 from intraskill_jax.agent.trajectory import Trajectory, Turn
 
+def hf_weights_dir(workdir: str | os.PathLike, version: int) -> Path:
+    """The HF directory (safetensors, config, tokenizer) of weight version `version` that a
+    rollout server loads (`update_weights_from_disk`)."""
+    return Path(workdir) / "hf" / f"weight_v{version:06d}"
+
+
 def rollouts_path(workdir: str | os.PathLike, step: int) -> Path:
     return Path(workdir) / "rollouts" / f"step_{step:06d}.jsonl"
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import tenacity
 
 from sim.protocol import API_PATH, NO_SLOT_MESSAGE
+from sim.retry import Retryable, RetryPolicy
 
 START_HINT = "start one with `python -m sim serve --config=configs/sim.py` or pass the right base_url"
 
@@ -33,14 +33,7 @@ class ShopServiceError(RuntimeError):
         self.status = status
 
 
-class _NoSlot(Exception):
-    """The pool was full; worth retrying after a pause."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
+# Errors raised before the request left: resending cannot apply a step twice.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
@@ -69,13 +62,10 @@ class ShopClient:
         self.url = self.base_url + API_PATH
         self.retries = retries
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
-        self._retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type((*_NOT_SENT, _NoSlot)),
-            stop=tenacity.stop_after_attempt(retries + 1),
-            # Jitter keeps many rollout workers from retrying in lockstep against one pool.
-            wait=tenacity.wait_exponential(multiplier=backoff, max=max_backoff) + tenacity.wait_random(0, backoff),
-            reraise=True,
-        )
+        # Jitter keeps many rollout workers from retrying in lockstep against one pool; a full pool
+        # is raised as `Retryable`.
+        self._retry = RetryPolicy(attempts=retries + 1, backoff_s=backoff, max_backoff_s=max_backoff,
+                                  jitter_s=backoff, retry_on=(*_NOT_SENT, Retryable))
 
     # -- protocol ------------------------------------------------------------------------------
 
@@ -101,7 +91,7 @@ class ShopClient:
     def health(self) -> dict[str, Any]:
         url = self.base_url + "/health"
         try:
-            response = self._retrying.copy()(self._http.get, "/health")
+            response = self._retry.call(self._http.get, "/health")
         except _NOT_SENT as e:
             raise self._unreachable(url, e) from e
         except httpx.HTTPError as e:
@@ -114,12 +104,12 @@ class ShopClient:
 
     def _call(self, payload: dict[str, Any]) -> dict[str, Any]:
         try:
-            return self._retrying.copy()(self._post, payload)
+            return self._retry.call(self._post, payload)
         except _NOT_SENT as e:
             raise self._unreachable(self.url, e) from e
-        except _NoSlot as e:
+        except Retryable as e:
             raise ShopServiceError(
-                f"{self.url}: {e.message} (still no free environment after {self.retries + 1} attempts); "
+                f"{self.url}: {e} (still no free environment after {self.retries + 1} attempts); "
                 "raise the server's server.pool_size or lower the client's concurrency",
                 url=self.url,
                 status=503,
@@ -146,7 +136,7 @@ class ShopClient:
                 status=response.status_code,
             ) from None
         if response.status_code == 503 or (error and NO_SLOT_MESSAGE in str(error)):
-            raise _NoSlot(str(error or NO_SLOT_MESSAGE))
+            raise Retryable(str(error or NO_SLOT_MESSAGE))
         if error is not None or response.status_code != 200:
             raise ShopServiceError(
                 f"{self.url} refused '{payload['action']}' (HTTP {response.status_code}): {error}",

@@ -18,10 +18,10 @@ import re
 from typing import Protocol
 
 import httpx
-import tenacity
 
 from sim.config import ShopperConfig
 from sim.records import Task
+from sim.retry import Retryable, RetryPolicy, is_transient
 from sim.text import normalize
 
 log = logging.getLogger(__name__)
@@ -195,6 +195,7 @@ class OpenAIShopper:
         self.task, self.lang, self.persona, self.config = task, lang, persona, config
         self.tracker = ConfirmationTracker(task, lang)
         self._client = client or httpx.Client(timeout=config.timeout_s)
+        self._retry = RetryPolicy(attempts=config.max_retries + 1, backoff_s=0.2, max_backoff_s=5.0)
         self._messages = [{"role": "system", "content": self._system_prompt()}]
 
     def _system_prompt(self) -> str:
@@ -239,16 +240,10 @@ class OpenAIShopper:
             headers["Authorization"] = f"Bearer {key}"
         body = {"model": cfg.model, "messages": messages, "temperature": cfg.temperature}
 
-        @tenacity.retry(
-            stop=tenacity.stop_after_attempt(cfg.max_retries + 1),
-            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0),
-            retry=tenacity.retry_if_exception_type((httpx.TransportError, _Retryable)),
-            reraise=True,
-        )
         def post() -> str:
             r = self._client.post(url, json=body, headers=headers)
-            if r.status_code >= 500 or r.status_code == 429:
-                raise _Retryable(f"HTTP {r.status_code}")
+            if is_transient(r.status_code):
+                raise Retryable(f"HTTP {r.status_code}")
             if r.status_code != 200:
                 raise ShopperError(f"shopper endpoint {url} answered HTTP {r.status_code}: {r.text[:200]}")
             try:
@@ -260,16 +255,12 @@ class OpenAIShopper:
             return content.strip()
 
         try:
-            return post()
-        except (httpx.TransportError, _Retryable) as e:
+            return self._retry.call(post)
+        except (httpx.TransportError, Retryable) as e:
             raise ShopperError(
                 f"shopper endpoint {url} unreachable after {cfg.max_retries + 1} attempts ({e}); start an "
                 "OpenAI-compatible server there or set shopper.backend='rule'"
             ) from e
-
-
-class _Retryable(Exception):
-    pass
 
 
 def make_shopper(task: Task, lang: str, persona: bool, config: ShopperConfig) -> Shopper:

@@ -56,12 +56,6 @@ class ChunkSensitiveEngine(ScriptedEngine):
         action = policy.act(env, "") if policy is not None else "click[buy now]"
         return format_tool_calls([from_env_action(action)], "qwen3_5")
 
-    def set_weights(self, model, version):
-        self.weight_version = version
-
-    def reseed(self, *seed):
-        pass
-
 
 @pytest.fixture
 def toy_bank(tmp_path):

@@ -29,9 +29,6 @@ class BuyNowEngine(ScriptedEngine):
         super().__init__(lambda s: tokenizer.encode(s, add_special_tokens=False), lambda session, ids: reply,
                          tokenizer.convert_tokens_to_ids(IM_END))
 
-    def set_weights(self, model, version):
-        self.weight_version = version
-
 
 def preset_config(preset, **overrides):
     return runconfig.with_overrides(runconfig.load(presets.apply(runconfig.read_file(SMOKE), preset)),

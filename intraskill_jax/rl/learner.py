@@ -8,8 +8,8 @@ Orchestration only; every numeric piece lives elsewhere (`rl/rollouts.py`, `rl/g
 3. roll out `group_size` siblings per task with the current weights;
 4. drop zero-variance groups; recompute the trainer's log-probs at the rollout weights (for TIS
    and the rollout/trainer mismatch metric); run one optimizer update;
-5. push the new weights to the rollout engine (in place for the embedded sampler; HF safetensors
-   under `<workdir>/hf/weight_vNNNNNN/` and `update_weights_from_disk` for SGLang);
+5. hand the new weights to the rollout engine (`update_weights`: the model in memory, and an HF
+   directory `<workdir>/hf/weight_vNNNNNN/` exported only for an engine that asks for one);
 6. write metrics; checkpoint every `checkpoint_every` steps (params, optimizer, step, RNG, cursor).
 
 A killed run resumes from its last checkpoint and replays the same next step.
@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from intraskill_jax import rundir
 from intraskill_jax.agent.episode import AgentConfig, Env
 from intraskill_jax.agent.trajectory import collate
 from intraskill_jax.checkpoint import Checkpointer
@@ -46,8 +47,7 @@ from intraskill_jax.rl.train_step import (
     pad_rows,
     train_batch,
 )
-from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
-from intraskill_jax.rollout.sglang import SGLangEngine
+from intraskill_jax.rollout.base import RolloutEngine, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
 
@@ -174,15 +174,16 @@ class Learner:
 
     def _push_weights(self) -> None:
         version = self.step
-        if isinstance(self.engine, SGLangEngine):
-            path = self.workdir / "hf" / f"weight_v{version:06d}"
-            save_pretrained(self.model(), path, hf_config=self.hf_config)
-            self.tokenizer.save_pretrained(path)
-            self.engine.sync_weights(str(path), version)
-        elif hasattr(self.engine, "set_weights"):  # in-process engines (the embedded sampler)
-            self.engine.set_weights(self.model(), version)
-        else:
-            raise TypeError(f"{type(self.engine).__name__} has no way to receive weights (set_weights or SGLang sync)")
+        # The export reads the update's own (cached) model, so the parameters are merged once.
+        weights = WeightUpdate(version=version, load_model=self.model,
+                               publish=lambda: self._export(weights.model(), version))
+        self.engine.update_weights(weights)
+
+    def _export(self, model: Any, version: int) -> Path:
+        path = rundir.hf_weights_dir(self.workdir, version)
+        save_pretrained(model, path, hf_config=self.hf_config)
+        self.tokenizer.save_pretrained(path)
+        return path
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -200,8 +201,7 @@ class Learner:
         cfg = self.config
         tasks = self.cursor.take(cfg.groups_per_step)
         contexts = self.contexts_fn(self.step, tasks)
-        if hasattr(self.engine, "reseed"):  # sampling depends on (seed, step) only: resumes replay
-            self.engine.reseed(cfg.seed, self.step)
+        self.engine.reseed(cfg.seed, self.step)  # sampling depends on (seed, step) only: resumes replay
         exp = collect(self.engine, self.make_env, self.tokenizer, tasks, contexts, group_size=cfg.group_size,
                       sampling=self.sampling, agent=self.agent, scale_by_std=cfg.scale_by_std,
                       prefix=f"s{self.step}", max_concurrent=self.max_concurrent, retry=self.retry_fn(self.step))

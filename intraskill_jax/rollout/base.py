@@ -9,8 +9,10 @@ cache does the same on its side). `release` drops that state when an episode end
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
-from typing import Literal, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length"]
 
@@ -48,12 +50,60 @@ class Completion:
     weight_version: int
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WeightUpdate:
+    """New policy weights in the two forms engines take, each made only when an engine asks.
+
+    In-process engines read `model()` (the NNX `CausalLM` itself, not a copy); server clients read
+    `hf_dir()` (an HF directory: safetensors, config.json, tokenizer) and have the server load it.
+    Both are made on first call and cached, so an in-process engine never pays for an export and a
+    server client never for a model in memory.
+
+    Attributes:
+      version: the weight version later samples are tagged with (the learner's step).
+      load_model: makes the model; called at most once.
+      publish: writes the HF directory (if it is not on disk already) and returns its path; called
+        at most once.
+    """
+
+    version: int
+    load_model: Callable[[], Any]
+    publish: Callable[[], Path]
+    _made: dict[str, Any] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @classmethod
+    def published(cls, version: int, hf_dir: str | os.PathLike, load_model: Callable[[], Any]) -> WeightUpdate:
+        """Weights that are on disk already (a checkpoint to evaluate or serve)."""
+        path = Path(hf_dir)
+        return cls(version=version, load_model=load_model, publish=lambda: path)
+
+    def model(self) -> Any:
+        if "model" not in self._made:
+            self._made["model"] = self.load_model()
+        return self._made["model"]
+
+    def hf_dir(self) -> Path:
+        if "hf_dir" not in self._made:
+            self._made["hf_dir"] = Path(self.publish())
+        return self._made["hf_dir"]
+
+
 class RolloutEngine(Protocol):
     weight_version: int
 
     def generate(self, requests: Sequence[GenerateRequest], params: SamplingParams) -> list[Completion]: ...
 
     def release(self, session: str) -> None: ...
+
+    def update_weights(self, weights: WeightUpdate) -> None:
+        """Samples from `weights` from now on, tagged `weights.version`; cached sessions are dropped."""
+        ...
+
+    def reseed(self, seed: int, step: int) -> None:
+        """Restarts sampling at a stream keyed by (seed, step), so a batch of episodes depends only on
+        its key and the weights and a resumed run replays it. A documented no-op where the sampling
+        randomness is not the engine's own."""
+        ...
 
 
 class ScriptedEngine:
@@ -85,3 +135,10 @@ class ScriptedEngine:
 
     def release(self, session: str) -> None:
         self.released.append(session)
+
+    def update_weights(self, weights: WeightUpdate) -> None:
+        """Only tags later replies with the version: the script is the policy, it has no weights."""
+        self.weight_version = weights.version
+
+    def reseed(self, seed: int, step: int) -> None:
+        """A no-op: the script draws no randomness of the engine's (a script keeps its own seeds)."""

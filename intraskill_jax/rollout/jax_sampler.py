@@ -30,7 +30,7 @@ import numpy as np
 from flax import nnx
 
 from intraskill_jax.models.cache import AttentionCache, DecodeCache, DeltaNetCache, init_cache
-from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams
+from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams, WeightUpdate
 from intraskill_jax.rollout.sampling import sample_tokens
 
 
@@ -100,21 +100,21 @@ class JaxSampler:
 
     # -- weights -------------------------------------------------------------------------------
 
-    def set_weights(self, model: nnx.Module, weight_version: int) -> None:
-        """Swaps in new parameters (same architecture); cached sessions are dropped."""
+    def update_weights(self, weights: WeightUpdate) -> None:
+        """Swaps in `weights.model()` in place (no export); cached sessions are dropped. The model may
+        be of another architecture (an evaluation's second policy): the cache is rebuilt for it."""
+        model = weights.model()
+        self.model_config = model.config
         self.graphdef, self.state = nnx.split(model)
-        self.weight_version = weight_version
+        self.weight_version = weights.version
         self.flush()
 
-    def reseed(self, *seed: int) -> None:
+    def reseed(self, seed: int, step: int) -> None:
         """Restarts the sampler (no live sessions, rows handed out from 0, a fresh cache) with its
-        stream at a key derived from `seed` (e.g. (run seed, step)): a batch of episodes then depends
-        only on its seed and the weights, never on what ran before it, so a resumed run replays."""
+        stream at a key derived from (seed, step): a batch of episodes then depends only on that key
+        and the weights, never on what ran before it, so a resumed run replays."""
         self.flush()
-        key = jax.random.key(self.config.seed)
-        for s in seed:
-            key = jax.random.fold_in(key, s)
-        self._key = key
+        self._key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed), seed), step)
 
     def flush(self) -> None:
         self._rows.clear()

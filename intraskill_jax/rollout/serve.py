@@ -14,6 +14,7 @@ import logging
 
 from fastapi import FastAPI
 
+from intraskill_jax.rollout.base import WeightUpdate
 from intraskill_jax.rollout.jax_sampler import JaxSampler, SamplerConfig
 from intraskill_jax.rollout.server import create_app
 
@@ -33,7 +34,8 @@ def build_app(model_path: str, sampler: SamplerConfig | None = None, *, dtype: s
         model = load_pretrained(path, dtype=dtype)
         if model.config != engine.model_config:
             raise ValueError(f"{path} holds a different architecture than the served model")
-        engine.set_weights(model, engine.weight_version)
+        # The server sets the version the client sent once the load has succeeded.
+        engine.update_weights(WeightUpdate.published(engine.weight_version, path, lambda: model))
         log.info("reloaded weights from %s", path)
 
     return create_app(engine, tokenizer=tokenizer, reload=reload, model_name=model_path)

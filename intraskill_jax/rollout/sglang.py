@@ -10,14 +10,16 @@ continue.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
-import tenacity
 
-from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams
+from sim.retry import Retryable, RetryPolicy, is_transient
+
+from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
 
@@ -26,33 +28,26 @@ class SGLangError(RuntimeError):
     """The server is unreachable or answered something unusable; the message names the fix."""
 
 
-class _Retryable(Exception):
-    pass
-
-
 class SGLangEngine:
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, retries: int = 5, backoff_s: float = 0.5,
                  flush_retries: int = 60, client: httpx.Client | None = None):
         self.base_url = base_url.rstrip("/")
-        self.retries, self.backoff_s, self.flush_retries = retries, backoff_s, flush_retries
+        self.flush_retries = flush_retries
+        self._retry = RetryPolicy(attempts=retries + 1, backoff_s=backoff_s, max_backoff_s=10.0)
         self._client = client or httpx.Client(timeout=timeout_s)
         self.weight_version = 0
 
     # -- HTTP ------------------------------------------------------------------------------------
 
-    def _post(self, path: str, body: dict[str, Any], *, retry_400: bool = False, attempts: int | None = None) -> Any:
+    def _post(self, path: str, body: dict[str, Any], *, retry_400: bool = False, retries: int | None = None) -> Any:
+        """POSTs with the client's retries (or `retries` of them); `retry_400` also retries SGLang's
+        400 "still running" answer to a flush."""
         url = self.base_url + path
 
-        @tenacity.retry(
-            stop=tenacity.stop_after_attempt((self.retries if attempts is None else attempts) + 1),
-            wait=tenacity.wait_exponential(multiplier=self.backoff_s, max=10.0),
-            retry=tenacity.retry_if_exception_type((httpx.TransportError, _Retryable)),
-            reraise=True,
-        )
         def once() -> Any:
             r = self._client.post(url, json=body)
-            if r.status_code >= 500 or r.status_code == 429 or (retry_400 and r.status_code == 400):
-                raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}")
+            if is_transient(r.status_code) or (retry_400 and r.status_code == 400):
+                raise Retryable(f"HTTP {r.status_code}: {r.text[:200]}")
             if r.status_code != 200:
                 raise SGLangError(f"{url} answered HTTP {r.status_code}: {r.text[:300]}")
             try:
@@ -60,14 +55,15 @@ class SGLangEngine:
             except ValueError as e:
                 raise SGLangError(f"{url} answered non-JSON: {r.text[:200]}") from e
 
+        policy = self._retry if retries is None else dataclasses.replace(self._retry, attempts=retries + 1)
         try:
-            return once()
+            return policy.call(once)
         except httpx.TransportError as e:
             raise SGLangError(
                 f"SGLang server at {self.base_url} is unreachable ({type(e).__name__}: {e}); start it "
-                "(`python -m sglang.launch_server ...` or `intraskill serve`) or fix rollout.server_url"
+                "(`python -m sglang.launch_server ...` or `intraskill serve`) or fix rollout.url"
             ) from e
-        except _Retryable as e:
+        except Retryable as e:
             raise SGLangError(f"{url} kept failing after retries: {e}") from e
 
     def health(self) -> bool:
@@ -113,17 +109,25 @@ class SGLangEngine:
 
     def release(self, session: str) -> None:
         try:
-            self._post("/close_session", {"session_id": session}, attempts=0)
+            self._post("/close_session", {"session_id": session}, retries=0)
         except SGLangError as e:  # a stock SGLang server has no such route; its radix cache evicts anyway
             log.debug("close_session: %s", e)
 
+    def reseed(self, seed: int, step: int) -> None:
+        """A no-op: the server samples from its own RNG and no per-request seed is sent, so replaying
+        a step exactly after a resume holds for the embedded sampler only."""
+
     # -- weight sync -----------------------------------------------------------------------------
+
+    def update_weights(self, weights: WeightUpdate) -> None:
+        """Has the server load `weights.hf_dir()` (exported on this call if it is not on disk yet)."""
+        self.sync_weights(str(weights.hf_dir()), weights.version)
 
     def sync_weights(self, model_path: str, weight_version: int) -> None:
         """Pause, flush (retried while requests drain), reload from disk, continue."""
         self._post("/pause_generation", {"mode": "retract"})
         try:
-            self._post("/flush_cache", {}, retry_400=True, attempts=self.flush_retries)
+            self._post("/flush_cache", {}, retry_400=True, retries=self.flush_retries)
             resp = self._post("/update_weights_from_disk",
                               {"model_path": model_path, "weight_version": str(weight_version), "flush_cache": True})
             if isinstance(resp, dict) and resp.get("success") is False:

@@ -9,7 +9,7 @@ The reply must be one JSON object (a ```json fence around it is tolerated):
 
 Anything else is rejected with a reason code (`malformed_json`, `schema`, `empty_reply`,
 `http_status`, `http_error`) in the report, never raised: one bad reply must not end a round.
-Transport errors, 429 and 5xx are retried with exponential backoff (tenacity).
+Transport errors, 429 and 5xx are retried with exponential backoff (`sim.retry`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import re
 from typing import Any
 
 import httpx
-import tenacity
+
+from sim.retry import Retryable, RetryPolicy, is_transient
 
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.skills.analysts import AnalystReport, Lesson, Patch, failure_classes
@@ -148,10 +149,6 @@ def _check_item(
             raise ReplyError("schema", f"{where}.{k} must be a string")
 
 
-class _Retryable(Exception):
-    pass
-
-
 class OpenAIAnalyst:
     """One chat completion per trajectory; thread-safe (one shared httpx.Client).
 
@@ -187,13 +184,15 @@ class OpenAIAnalyst:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = client or httpx.Client(timeout=timeout_s)
         self.headers = headers
-        self.max_attempts, self.backoff_s = max_attempts, backoff_s
+        self.max_attempts = max_attempts
+        self._retry = RetryPolicy(attempts=max_attempts, backoff_s=backoff_s,
+                                  max_backoff_s=30.0 * max(backoff_s, 1e-3))
         self.temperature, self.max_tokens, self.json_mode = temperature, max_tokens, json_mode
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         response = self.client.post(self.url, json=body, headers=self.headers)
-        if response.status_code == 429 or response.status_code >= 500:
-            raise _Retryable(f"HTTP {response.status_code}")
+        if is_transient(response.status_code):
+            raise Retryable(f"HTTP {response.status_code}")
         if response.status_code != 200:
             raise ReplyError("http_status", f"HTTP {response.status_code}: {response.text[:200]}")
         try:
@@ -218,16 +217,8 @@ class OpenAIAnalyst:
         }
         if self.json_mode:
             body["response_format"] = {"type": "json_object"}
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.max_attempts),
-            wait=tenacity.wait_exponential(
-                multiplier=self.backoff_s, max=30.0 * max(self.backoff_s, 1e-3)
-            ),
-            retry=tenacity.retry_if_exception_type((_Retryable, httpx.TransportError)),
-            reraise=True,
-        )
         try:
-            reply = retrying(self._post, body)
+            reply = self._retry.call(self._post, body)
             try:
                 content = reply["choices"][0]["message"]["content"]
             except (KeyError, IndexError, TypeError):
@@ -238,7 +229,7 @@ class OpenAIAnalyst:
         except ReplyError as e:
             log.warning("analyst %s rejected the reply for %s: %s", self.name, tid, e)
             return AnalystReport(tid, trajectory.success, source=self.name, error=str(e))
-        except (_Retryable, httpx.HTTPError) as e:
+        except (Retryable, httpx.HTTPError) as e:
             log.warning(
                 "analyst %s gave up on %s after %d attempts: %s",
                 self.name,
@@ -246,6 +237,6 @@ class OpenAIAnalyst:
                 self.max_attempts,
                 e,
             )
-            code = "http_status" if isinstance(e, _Retryable) else "http_error"
+            code = "http_status" if isinstance(e, Retryable) else "http_error"
             return AnalystReport(tid, trajectory.success, source=self.name, error=f"{code}: {e}")
         return AnalystReport(tid, trajectory.success, lessons, patches, self.name)

@@ -54,8 +54,9 @@ class MixedEngine(ScriptedEngine):
         policy, env = self.policies[session]
         return format_tool_calls([from_env_action(policy.act(env, ""))], "qwen3_5")
 
-    def set_weights(self, model, version):
-        self.pushed.append(version)
+    def update_weights(self, weights):
+        super().update_weights(weights)
+        self.pushed.append(weights.version)
 
 
 @pytest.fixture(scope="module")
