@@ -123,8 +123,10 @@ def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condit
         tokenizer = load_tokenizer(path, config.agent)
         # The model is loaded only for an engine that samples in process; a server loads `path`.
         weights = WeightUpdate.published(version, path, functools.partial(load_policy, config, path))
-        engine = engine or make_engine(config.rollout, weights)
-        engine.update_weights(weights)
+        if engine is None:
+            engine = make_engine(config.rollout, weights)
+        else:
+            engine.update_weights(weights)
         for cond in (c for c in conditions if c.policy == policy):
             bank = banks[cond.skill]
             mask = None if bank is None else (cond.mask if cond.mask is not None else bank.full_mask())

@@ -27,7 +27,11 @@ def _jax(config: RolloutConfig, initial: WeightUpdate) -> RolloutEngine:
 def _sglang(config: RolloutConfig, initial: WeightUpdate) -> RolloutEngine:
     from intraskill_jax.rollout.sglang import SGLangEngine
 
-    return SGLangEngine(config.url)
+    engine = SGLangEngine(config.url)
+    # The server holds what it was launched on (`policy.path`); the run may start elsewhere (the
+    # warm start's `sft/hf`, a resumed step), so it loads the starting weights before any rollout.
+    engine.update_weights(initial)
+    return engine
 
 
 ENGINES: dict[str, EngineBuilder] = {"jax": _jax, "sglang": _sglang}
@@ -36,10 +40,8 @@ ENGINES: dict[str, EngineBuilder] = {"jax": _jax, "sglang": _sglang}
 def make_engine(config: RolloutConfig, initial: WeightUpdate) -> RolloutEngine:
     """The engine `config.engine` names, starting from `initial`.
 
-    In-process engines are built on `initial.model()`. A server client only connects, exporting and
-    loading nothing: the server holds what it was started on (`launch_tpu.sh` starts it on
-    `policy.path`); a caller that must be sure of the weights calls `engine.update_weights(initial)`,
-    as the evaluation does for each policy.
+    In-process engines are built on `initial.model()`; a server client has its server load
+    `initial.hf_dir()`, so every engine starts from `initial`'s weights at `initial.version`.
     """
     if config.engine not in ENGINES:
         raise ValueError(f"rollout.engine={config.engine!r} names no engine; known: {sorted(ENGINES)}")

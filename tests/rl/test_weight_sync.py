@@ -22,10 +22,12 @@ from intraskill_jax.models.params import save_pretrained
 from intraskill_jax.rl import learner as learner_lib
 from intraskill_jax.rl.learner import Learner, TrainConfig
 from intraskill_jax.rl.train_step import OptimConfig
-from intraskill_jax.rollout.base import GenerateRequest, SamplingParams
+from intraskill_jax.rollout.base import GenerateRequest, SamplingParams, WeightUpdate
+from intraskill_jax.rollout.factory import make_engine
 from intraskill_jax.rollout.jax_sampler import JaxSampler, SamplerConfig
 from intraskill_jax.rollout.serve import build_app
 from intraskill_jax.rollout.sglang import SGLangEngine
+from intraskill_jax.runconfig import RolloutConfig
 from intraskill_jax.tokenization import continuation_text, tools_for, train_tokenizer
 
 from tests.http_util import serve_app
@@ -125,3 +127,25 @@ def test_sglang_client_has_the_server_load_the_step_export_written_once(tokenize
         after = greedy(client, prompt)
     assert after == greedy(JaxSampler(learner.model(), SAMPLER), prompt)
     assert after != before
+
+
+def test_a_new_sglang_engine_has_the_server_load_the_runs_starting_weights(tokenizer, tmp_path):
+    """The server was launched on one checkpoint (`policy.path`); the run starts from another (the
+    warm start's output): the engine the factory builds serves the run's, at its version."""
+    launched, start = tmp_path / "launched", tmp_path / "sft_hf"
+    for path, seed in ((launched, 0), (start, 1)):
+        cfg = ModelConfig.tiny_qwen3_5(vocab_size=len(tokenizer), num_hidden_layers=2,
+                                       layer_types=("linear_attention", "full_attention"))
+        save_pretrained(causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(seed)), path)
+        tokenizer.save_pretrained(path)
+    prompt = tokenizer.encode(PROMPT.format(cue="red"), add_special_tokens=False)
+    with serve_app(build_app(str(launched), SAMPLER)) as url:
+        before = greedy(SGLangEngine(url), prompt)
+        engine = make_engine(RolloutConfig(engine="sglang", url=url),
+                             WeightUpdate.published(0, start, lambda: pytest.fail("a server client loads no model")))
+        served = greedy(engine, prompt)
+        assert httpx.get(url + "/get_weight_version").json() == {"weight_version": "0"}
+    from intraskill_jax.models.params import load_pretrained
+
+    assert served == greedy(JaxSampler(load_pretrained(start), SAMPLER), prompt)
+    assert served != before  # the two checkpoints differ, so the check above can fail

@@ -10,7 +10,6 @@ from intraskill_jax.models import ModelConfig, causal_lm_class
 from intraskill_jax.rollout.base import WeightUpdate
 from intraskill_jax.rollout.factory import ENGINES, make_engine
 from intraskill_jax.rollout.jax_sampler import JaxSampler, SamplerConfig
-from intraskill_jax.rollout.sglang import SGLangEngine
 from intraskill_jax.runconfig import RolloutConfig
 
 
@@ -50,13 +49,6 @@ def test_jax_engine_is_the_embedded_sampler_on_the_initial_model():
     assert isinstance(engine, JaxSampler) and engine.config == sampler and engine.weight_version == 5
     assert engine.model_config == cfg
     assert (c.loads, c.publishes) == (1, 0)  # the model in memory, never an export
-
-
-def test_sglang_engine_connects_to_the_url_and_touches_no_weights():
-    c = Counted(0)
-    engine = make_engine(RolloutConfig(engine="sglang", url="http://10.0.0.7:31000/"), c.weights)
-    assert isinstance(engine, SGLangEngine) and engine.base_url == "http://10.0.0.7:31000"
-    assert (c.loads, c.publishes) == (0, 0)
 
 
 def test_every_configurable_engine_is_registered():
