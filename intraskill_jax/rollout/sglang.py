@@ -3,9 +3,9 @@
 Works unchanged against a real SGLang server and against `intraskill serve`. Generation sends
 token ids (`input_ids`) and reads `output_ids` and `meta_info.output_token_logprobs`
 (`[logprob, token_id, text]`, log-probs of the temperature-scaled distribution), so nothing is
-re-tokenised. Weight sync follows the sequence in shared/reference/grpo-and-rollouts.md 8.3:
-pause, flush (retried while requests drain), `update_weights_from_disk` with a `weight_version`,
-continue.
+re-tokenised. Weight sync is SGLang's disk reload: pause generation (retracting running requests),
+flush the radix cache (retried while requests drain), `update_weights_from_disk` with a
+`weight_version`, continue: no request ever mixes two weight versions.
 """
 
 from __future__ import annotations
