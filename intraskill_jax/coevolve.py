@@ -37,12 +37,12 @@ from sim.env import ShopEnv
 from sim.world import World, build_world
 
 from intraskill_jax import rundir
-from intraskill_jax.agent.demos import oracle_agreement, oracle_demonstrations
-from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
+from intraskill_jax.agent.demos import oracle_demonstrations
+from intraskill_jax.agent.episode import AgentConfig, SkillContext, group_specs, run_groups
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.learner import Learner
-from intraskill_jax.rl.rollouts import Experience, GroupContext
+from intraskill_jax.rl.rollouts import Experience
 from intraskill_jax.rollout.base import RolloutEngine, SamplingParams, WeightUpdate
 from intraskill_jax.rollout.factory import make_engine
 from intraskill_jax.runconfig import RunConfig, resolve_repo_path
@@ -181,7 +181,7 @@ def _warm_start(config: RunConfig, sft_dir: Path, base: Path, world: World, prog
     from intraskill_jax.checkpoint import Checkpointer
     from intraskill_jax.metrics import MetricsWriter
     from intraskill_jax.models.params import save_pretrained
-    from intraskill_jax.rl.sft import run_sft
+    from intraskill_jax.rl.sft import oracle_agreement, run_sft
 
     ws, out = config.warm_start, sft_dir / "hf"
     tokenizer = load_tokenizer(base, config.agent)
@@ -191,9 +191,8 @@ def _warm_start(config: RunConfig, sft_dir: Path, base: Path, world: World, prog
     def demonstrations(task_ids: Sequence[int], stream: int) -> list[Trajectory]:
         rng = np.random.default_rng([config.train.seed, _DEMOS, stream])
         contexts = (sample_contexts(bank, len(task_ids), rng, lang, config.skills.masks)
-                    if config.skills.mode != "none" else [GroupContext()] * len(task_ids))
-        specs = [EpisodeSpec(int(t), group=i, skill_text=c.skill_text, skill_mask=c.skill_mask)
-                 for i, (t, c) in enumerate(zip(task_ids, contexts))]
+                    if config.skills.mode != "none" else [SkillContext()] * len(task_ids))
+        specs = group_specs(task_ids, contexts)
         return oracle_demonstrations([ShopEnv(world) for _ in specs], tokenizer, specs, config.agent)
 
     demos = [d for d in demonstrations(world.splits.train[: ws.num_demos], 0) if d.success]
@@ -224,14 +223,12 @@ def make_analyst(config: RunConfig) -> Analyst:
 
 
 def play(engine: RolloutEngine, world: World, tokenizer: Any, config: RunConfig, task_ids: Sequence[int],
-         contexts: Sequence[GroupContext], sampling: SamplingParams, *, prefix: str,
+         contexts: Sequence[SkillContext], sampling: SamplingParams, *, prefix: str,
          seed: tuple[int, int]) -> list[Trajectory]:
     """One episode per (task, context), seeded so the same call replays the same episodes."""
     engine.reseed(*seed)
-    specs = [EpisodeSpec(int(t), group=i, skill_text=c.skill_text, skill_mask=c.skill_mask)
-             for i, (t, c) in enumerate(zip(task_ids, contexts))]
-    return run_episodes(engine, [ShopEnv(world) for _ in specs], tokenizer, specs, sampling, config.agent,
-                        episode_prefix=prefix, max_concurrent=config.rollout.capacity)
+    return run_groups(engine, lambda: ShopEnv(world), tokenizer, task_ids, contexts, sampling, config.agent,
+                      prefix=prefix, max_concurrent=config.rollout.capacity)
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -299,13 +296,13 @@ class Coevolution:
 
     # -- learner hooks -----------------------------------------------------------------------------
 
-    def _contexts(self, step: int, tasks: Sequence[int]) -> list[GroupContext]:
+    def _contexts(self, step: int, tasks: Sequence[int]) -> list[SkillContext]:
         if self.config.skills.mode == "none":
-            return [GroupContext() for _ in tasks]
+            return [SkillContext() for _ in tasks]
         rng = np.random.default_rng([self.config.train.seed, _MASKS, step])
         return sample_contexts(self.bank, len(tasks), rng, self.lang, self.config.skills.masks)
 
-    def _retry(self, step: int) -> GroupContext | None:
+    def _retry(self, step: int) -> SkillContext | None:
         if self.config.skills.mode == "none" or not self.config.skills.retry or not self.bank.active:
             return None
         return retry_context(self.bank, self.lang)
@@ -376,7 +373,7 @@ class Coevolution:
         episodes: list[tuple[str, Trajectory]] = []
         n = len(self.validation)
 
-        def evaluate(task_ids: Sequence[int], contexts: Sequence[GroupContext]) -> list[Outcome]:
+        def evaluate(task_ids: Sequence[int], contexts: Sequence[SkillContext]) -> list[Outcome]:
             trajs = play(self.engine, self.world, self.tokenizer, cfg, task_ids, contexts, cfg.rollout.sampling,
                          prefix=f"gate{r}", seed=(cfg.train.seed, _GATE_SAMPLING * 1_000_000 + r))
             arms = ["bare"] * n + ["random"] * n + ["full"] * (len(trajs) - 2 * n)

@@ -27,7 +27,7 @@ from sim.world import World, build_world
 from intraskill_jax import rundir
 from intraskill_jax.coevolve import load_policy, load_tokenizer, play, prepare_policy
 from intraskill_jax.progress import Progress, as_progress
-from intraskill_jax.rl.rollouts import GroupContext
+from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.rollout.base import RolloutEngine, WeightUpdate
 from intraskill_jax.rollout.factory import make_engine
 from intraskill_jax.runconfig import CONDITIONS, RunConfig, resolve_repo_path
@@ -130,7 +130,7 @@ def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condit
         for cond in (c for c in conditions if c.policy == policy):
             bank = banks[cond.skill]
             mask = None if bank is None else (cond.mask if cond.mask is not None else bank.full_mask())
-            ctx = GroupContext(bank.render(mask, lang), mask) if bank is not None else GroupContext()
+            ctx = SkillContext(bank.render(mask, lang), mask) if bank is not None else SkillContext()
             trajs = play(engine, world, tokenizer, config, tasks, [ctx] * len(tasks), config.eval.sampling,
                          prefix=f"eval-{cond.name}", seed=(config.eval.seed, 0))
             for t in trajs:

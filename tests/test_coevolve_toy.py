@@ -14,7 +14,7 @@ import pytest
 from sim.policies import OraclePolicy
 
 from intraskill_jax import coevolve, runconfig
-from intraskill_jax.rl import rollouts
+from intraskill_jax.agent import episode
 from intraskill_jax.rollout.base import ScriptedEngine
 from intraskill_jax.skills.bank import Chunk, SkillBank
 from intraskill_jax.tokenization import IM_END, format_tool_calls, from_env_action
@@ -94,8 +94,7 @@ def test_two_rounds_keep_the_helpful_chunk_and_retire_the_harmful_one(toy_bank, 
             return real(engine, envs, tokenizer, specs, *args, episode_prefix=episode_prefix, **kw)
         return run
 
-    monkeypatch.setattr(rollouts, "run_episodes", with_envs(rollouts.run_episodes))
-    monkeypatch.setattr(coevolve, "run_episodes", with_envs(coevolve.run_episodes))
+    monkeypatch.setattr(episode, "run_episodes", with_envs(episode.run_episodes))  # under run_groups
     config = toy_config(toy_bank)
     workdir = tmp_path / "run"
     tokenizer = coevolve.load_tokenizer(coevolve.prepare_policy(config, workdir, coevolve.build_world(config.sim)),

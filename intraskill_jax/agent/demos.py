@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 
 from sim.env import ShopEnv
 from sim.policies import OraclePolicy
@@ -60,17 +59,3 @@ def action_kind(action: str, catalog: Any, result_labels: str = "asin") -> str:
     if catalog.index_of(value) is not None or (result_labels == "rank" and value.isdigit()):
         return "product"
     return "option"
-
-
-def oracle_agreement(model: Any, demos: Sequence[Trajectory], catalog: Any, *, pad_id: int,
-                     result_labels: str = "asin") -> dict[str, float]:
-    """Per action kind, the mean chance that `model` samples (temperature 1) the oracle's exact
-    reply given the oracle's history: whether a warm start learned to act, kind by kind."""
-    from intraskill_jax.rl.sft import reply_logprobs
-
-    chances: dict[str, list[float]] = {k: [] for k in ACTION_KINDS}
-    for demo, replies in zip(demos, reply_logprobs(model, demos, pad_id=pad_id)):
-        for turn, logprob in zip(demo.turns, replies):
-            if turn.action is not None:
-                chances[action_kind(turn.action, catalog, result_labels)].append(float(np.exp(logprob)))
-    return {k: float(np.mean(v)) for k, v in chances.items() if v}

@@ -11,7 +11,7 @@ and the turn records a *repair*; the episode goes on.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 from sim import render, reward
@@ -81,13 +81,41 @@ class Env(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class SkillContext:
+    """What an episode sees besides its task: the skill text in its system prompt and the mask over
+    the bank's active chunks that rendered it. The siblings of a group share one."""
+
+    skill_text: str = ""
+    skill_mask: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class EpisodeSpec:
-    """One episode to run: the task, its group, and the skill text its group shares."""
+    """One episode to run: the task, its group, and its group's skill context."""
 
     task_id: int
     group: int = 0
-    skill_text: str = ""
-    skill_mask: tuple[int, ...] = ()
+    context: SkillContext = SkillContext()
+
+
+def group_specs(task_ids: Sequence[int], contexts: Sequence[SkillContext], *, siblings: int = 1,
+                first_group: int = 0) -> list[EpisodeSpec]:
+    """`siblings` episodes of each (task, context), contiguous; group k is `first_group + k`."""
+    if len(task_ids) != len(contexts):
+        raise ValueError(f"one context per group: {len(task_ids)} tasks, {len(contexts)} contexts")
+    return [EpisodeSpec(int(task), group=first_group + k, context=ctx)
+            for k, (task, ctx) in enumerate(zip(task_ids, contexts)) for _ in range(siblings)]
+
+
+def run_groups(engine: RolloutEngine, make_env: Callable[[], Env], tokenizer: Any, task_ids: Sequence[int],
+               contexts: Sequence[SkillContext], sampling: SamplingParams, config: AgentConfig, *,
+               siblings: int = 1, first_group: int = 0, prefix: str = "ep",
+               max_concurrent: int | None = None) -> list[Trajectory]:
+    """Plays `siblings` episodes of each (task, context), each in a fresh `make_env()`, siblings
+    contiguous: the one way training, the gate and evaluation roll out."""
+    specs = group_specs(task_ids, contexts, siblings=siblings, first_group=first_group)
+    return run_episodes(engine, [make_env() for _ in specs], tokenizer, specs, sampling, config,
+                        episode_prefix=prefix, max_concurrent=max_concurrent)
 
 
 def run_episodes(
@@ -150,11 +178,11 @@ def run_episodes(
 def _start(env: Env, tokenizer: Any, spec: EpisodeSpec, config: AgentConfig, episode_id: str) -> Trajectory:
     first = env.reset(spec.task_id)
     view = first.info["view"]
-    system = system_prompt(env.lang, env.config.mode, spec.skill_text, view.get("user_persona"))
+    system = system_prompt(env.lang, env.config.mode, spec.context.skill_text, view.get("user_persona"))
     messages = [{"role": "system", "content": system}, {"role": "user", "content": _observation(env, first.observation, config)}]
     prompt = prompt_ids(tokenizer, messages, tools=tools_for(env.config.mode), enable_thinking=config.enable_thinking)
     traj = Trajectory(
-        episode_id=episode_id, task_id=spec.task_id, group=spec.group, skill_mask=tuple(spec.skill_mask),
+        episode_id=episode_id, task_id=spec.task_id, group=spec.group, skill_mask=tuple(spec.context.skill_mask),
         token_ids=[], loss_mask=[], logprobs=[], prompt_length=len(prompt),
     )
     traj.append(prompt, sampled=False)

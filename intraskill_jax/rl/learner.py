@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from intraskill_jax import rundir
-from intraskill_jax.agent.episode import AgentConfig, Env
+from intraskill_jax.agent.episode import AgentConfig, Env, SkillContext
 from intraskill_jax.agent.trajectory import collate
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.errors import ConfigError
@@ -36,7 +36,7 @@ from intraskill_jax.metrics import MetricsWriter
 from intraskill_jax.models.params import save_pretrained
 from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.grpo import LossConfig
-from intraskill_jax.rl.rollouts import Experience, GroupContext, collect
+from intraskill_jax.rl.rollouts import Experience, collect
 from intraskill_jax.rl.train_step import (
     LogprobFn,
     OptimConfig,
@@ -51,7 +51,7 @@ from intraskill_jax.rollout.base import RolloutEngine, SamplingParams, WeightUpd
 
 log = logging.getLogger(__name__)
 
-ContextsFn = Callable[[int, Sequence[int]], Sequence[GroupContext]]
+ContextsFn = Callable[[int, Sequence[int]], Sequence[SkillContext]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,7 +118,7 @@ class Learner:
                  config: TrainConfig, sampling: SamplingParams, agent: AgentConfig, max_concurrent: int | None = None,
                  contexts_fn: ContextsFn | None = None, mesh: Any = None,
                  on_step: Callable[[int, Experience], dict[str, float]] | None = None,
-                 retry_fn: Callable[[int], GroupContext | None] | None = None,
+                 retry_fn: Callable[[int], SkillContext | None] | None = None,
                  checkpoint_extra: Callable[[], dict[str, Any]] | None = None):
         """`tasks` are the training task ids (read in seeded epochs); `make_env()` gives a fresh
         environment for one episode (`lambda: ShopEnv(world)`). `sampling` is the rollouts' (its
@@ -132,7 +132,7 @@ class Learner:
         self.tokenizer, self.engine, self.make_env = tokenizer, engine, make_env
         self.workdir = Path(workdir)
         self.config, self.sampling, self.agent, self.max_concurrent = config, sampling, agent, max_concurrent
-        self.contexts_fn = contexts_fn or (lambda step, tasks: [GroupContext() for _ in tasks])
+        self.contexts_fn = contexts_fn or (lambda step, tasks: [SkillContext() for _ in tasks])
         self.on_step = on_step
         self.retry_fn = retry_fn or (lambda step: None)
         self.checkpoint_extra = checkpoint_extra or dict

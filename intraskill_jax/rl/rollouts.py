@@ -14,18 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from intraskill_jax.agent.episode import AgentConfig, Env, EpisodeSpec, run_episodes
+from intraskill_jax.agent.episode import AgentConfig, Env, SkillContext, run_groups
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.rl.grpo import group_advantages, nonzero_variance_groups
 from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupContext:
-    """What every sibling of a group sees besides the task (the skill text and its mask)."""
-
-    skill_text: str = ""
-    skill_mask: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass
@@ -52,7 +44,7 @@ def collect(
     make_env: Callable[[], Env],
     tokenizer: Any,
     task_ids: Sequence[int],
-    contexts: Sequence[GroupContext],
+    contexts: Sequence[SkillContext],
     *,
     group_size: int,
     sampling: SamplingParams,
@@ -60,7 +52,7 @@ def collect(
     scale_by_std: bool = True,
     prefix: str = "step",
     max_concurrent: int | None = None,
-    retry: GroupContext | None = None,
+    retry: SkillContext | None = None,
 ) -> Experience:
     """Rolls out `group_size` siblings for each task (one group per task, with its context), each
     in a fresh environment from `make_env` (e.g. `lambda: ShopEnv(world)`).
@@ -75,14 +67,9 @@ def collect(
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
 
-    def play(tasks: Sequence[int], ctxs: Sequence[GroupContext], first_group: int, tag: str) -> list[Trajectory]:
-        specs = [
-            EpisodeSpec(int(task), group=first_group + g, skill_text=ctx.skill_text, skill_mask=ctx.skill_mask)
-            for g, (task, ctx) in enumerate(zip(tasks, ctxs))
-            for _ in range(group_size)
-        ]
-        return run_episodes(engine, [make_env() for _ in specs], tokenizer, specs, sampling, agent,
-                            episode_prefix=tag, max_concurrent=max_concurrent)
+    def play(tasks: Sequence[int], ctxs: Sequence[SkillContext], first_group: int, tag: str) -> list[Trajectory]:
+        return run_groups(engine, make_env, tokenizer, tasks, ctxs, sampling, agent, siblings=group_size,
+                          first_group=first_group, prefix=tag, max_concurrent=max_concurrent)
 
     t0 = time.perf_counter()
     trajs = play(task_ids, contexts, 0, prefix)

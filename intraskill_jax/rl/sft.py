@@ -11,12 +11,14 @@ import dataclasses
 import logging
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from intraskill_jax.agent.demos import ACTION_KINDS, action_kind
 from intraskill_jax.agent.trajectory import Trajectory, collate
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.metrics import MetricsWriter
@@ -174,3 +176,15 @@ def assistant_logprob(model: nnx.Module, trajectories: Sequence[Trajectory], *, 
     """Mean log-likelihood per trainable (assistant) token under `model` (an evaluation helper)."""
     total = sum(sum(r) for r in reply_logprobs(model, trajectories, pad_id=pad_id, batch_size=batch_size))
     return total / max(sum(sum(t.loss_mask) for t in trajectories), 1)
+
+
+def oracle_agreement(model: Any, demos: Sequence[Trajectory], catalog: Any, *, pad_id: int,
+                     result_labels: str = "asin") -> dict[str, float]:
+    """Per action kind, the mean chance that `model` samples (temperature 1) the oracle's exact
+    reply given the oracle's history: whether a warm start learned to act, kind by kind."""
+    chances: dict[str, list[float]] = {k: [] for k in ACTION_KINDS}
+    for demo, replies in zip(demos, reply_logprobs(model, demos, pad_id=pad_id)):
+        for turn, logprob in zip(demo.turns, replies):
+            if turn.action is not None:
+                chances[action_kind(turn.action, catalog, result_labels)].append(float(np.exp(logprob)))
+    return {k: float(np.mean(v)) for k, v in chances.items() if v}

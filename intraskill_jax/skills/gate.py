@@ -43,7 +43,7 @@ import numpy as np
 
 from intraskill_jax import stats
 from intraskill_jax.rundir import json_finite
-from intraskill_jax.rl.rollouts import GroupContext
+from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.skills.bank import Chunk, LedgerEntry, Proposal, SkillBank, render_texts
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class Outcome:
     success: bool
 
 
-Evaluate = Callable[[Sequence[int], Sequence[GroupContext]], Sequence[Outcome]]
+Evaluate = Callable[[Sequence[int], Sequence[SkillContext]], Sequence[Outcome]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,8 +364,8 @@ def run_gate(
         raise ValueError(f"{n} validation tasks cannot identify {k} contributions; use more tasks")
     masks = draw_masks(n, k, config.inclusion, rng)
 
-    def context(mask: Sequence[int]) -> GroupContext:
-        return GroupContext(
+    def context(mask: Sequence[int]) -> SkillContext:
+        return SkillContext(
             render_texts([t for t, on in zip(texts, mask) if on], lang), tuple(int(v) for v in mask)
         )
 

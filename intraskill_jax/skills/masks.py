@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from intraskill_jax.rl.rollouts import GroupContext
+from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.skills.bank import SkillBank
 
 
@@ -94,7 +94,7 @@ def sample_contexts(
     rng: np.random.Generator,
     lang: str,
     config: MaskConfig = MaskConfig(),
-) -> list[GroupContext]:
+) -> list[SkillContext]:
     """One context per group: the rendered skill text and the mask over `bank.active_ids`."""
     if n_groups < 0:
         raise ValueError(f"n_groups must be >= 0, got {n_groups}")
@@ -106,12 +106,12 @@ def sample_contexts(
     masks = rng.random((n_groups, k)) < inclusion_probabilities(bank, config)[None, :]
     masks[free] = False
     return [
-        GroupContext(skill_text=bank.render(m, lang), skill_mask=tuple(int(v) for v in m))
+        SkillContext(skill_text=bank.render(m, lang), skill_mask=tuple(int(v) for v in m))
         for m in masks
     ]
 
 
-def retry_context(bank: SkillBank, lang: str) -> GroupContext:
+def retry_context(bank: SkillBank, lang: str) -> SkillContext:
     """The full-skill context an all-wrong group is retried with."""
     mask = bank.full_mask()
-    return GroupContext(skill_text=bank.render(mask, lang), skill_mask=mask)
+    return SkillContext(skill_text=bank.render(mask, lang), skill_mask=mask)

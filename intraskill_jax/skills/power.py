@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as sps
 
-from intraskill_jax.rl.rollouts import GroupContext
+from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.skills.bank import Chunk, SkillBank
 from intraskill_jax.skills.gate import GateConfig, Outcome, decide, run_gate
 
@@ -64,7 +64,7 @@ def bernoulli_evaluate(
 ):
     """An `evaluate` whose success probability is difficulty[task] + mask . betas (mask from the context)."""
 
-    def evaluate(task_ids: Sequence[int], contexts: Sequence[GroupContext]) -> list[Outcome]:
+    def evaluate(task_ids: Sequence[int], contexts: Sequence[SkillContext]) -> list[Outcome]:
         masks = np.asarray([c.skill_mask for c in contexts], np.float64)
         tasks = np.asarray(task_ids)
         prob = np.clip(difficulty[tasks] + masks @ betas, 0.0, 1.0)

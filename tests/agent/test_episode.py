@@ -10,7 +10,7 @@ from sim.env import ShopEnv
 from sim.world import build_world
 
 from intraskill_jax.agent.demos import oracle_demonstrations
-from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
+from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, SkillContext, run_episodes
 from intraskill_jax.agent.prompts import system_prompt
 from intraskill_jax.agent.trajectory import bucket_length, collate
 from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
@@ -98,7 +98,7 @@ def test_context_limit_and_reply_length_limit(world, tok):
 def test_skill_text_and_mask_are_recorded_and_empty_skill_is_the_bare_prompt(world, tok):
     assert system_prompt("en", "single", "") == system_prompt("en", "single")
     assert "Compare prices." in system_prompt("en", "single", "Compare prices.")
-    specs = [EpisodeSpec(int(world.splits.test[0]), group=3, skill_text="Compare prices.", skill_mask=(1, 0, 1))]
+    specs = [EpisodeSpec(int(world.splits.test[0]), group=3, context=SkillContext("Compare prices.", (1, 0, 1)))]
     t = oracle_demonstrations(envs_for(world, 1), tok, specs, AgentConfig(family=tok.family))[0]
     assert t.skill_mask == (1, 0, 1) and t.group == 3
     assert "Compare prices." in tok.decode(t.token_ids[: t.prompt_length])

@@ -18,13 +18,12 @@ from sim.env import ShopEnv
 from sim.policies import OraclePolicy
 from sim.world import build_world
 
-from intraskill_jax.agent.episode import AgentConfig
+from intraskill_jax.agent.episode import AgentConfig, SkillContext
 from intraskill_jax.agent.prompts import system_prompt
 from intraskill_jax.models import ModelConfig, causal_lm_class
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl import learner as learner_lib
 from intraskill_jax.rl.learner import Learner, TaskCursor, TrainConfig
-from intraskill_jax.rl.rollouts import GroupContext
 from intraskill_jax.rl.train_step import OptimConfig
 from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
 from intraskill_jax.tokenization import (
@@ -109,7 +108,7 @@ def make(world, tok, workdir, engine, steps=3):
 
     def contexts(step, tasks):
         seen.append((step, list(tasks)))
-        return [GroupContext(SKILL, (1,)) for _ in tasks]
+        return [SkillContext(SKILL, (1,)) for _ in tasks]
 
     learner = Learner(
         model, tok, engine, workdir, tasks=world.splits.train, make_env=lambda: ShopEnv(world),
@@ -123,16 +122,16 @@ def make(world, tok, workdir, engine, steps=3):
 
 def patch_envs(engine, monkeypatch):
     """Give the scripted oracle access to each episode's env (created inside `collect`)."""
-    import intraskill_jax.rl.rollouts as rollouts
+    import intraskill_jax.agent.episode as episode
 
-    real = rollouts.run_episodes
+    real = episode.run_episodes
 
     def spy(eng, envs, tok, specs, sampling, agent, *, episode_prefix, **kw):
         for i, env in enumerate(envs):
             engine.policies[f"{episode_prefix}-{i}"] = (_Lazy(env), env)
         return real(eng, envs, tok, specs, sampling, agent, episode_prefix=episode_prefix, **kw)
 
-    monkeypatch.setattr(rollouts, "run_episodes", spy)
+    monkeypatch.setattr(episode, "run_episodes", spy)  # what run_groups calls
 
 
 class _Lazy(OraclePolicy):

@@ -8,8 +8,8 @@ from sim.env import ShopEnv
 from sim.policies import OraclePolicy
 from sim.world import build_world
 
-from intraskill_jax.agent.episode import AgentConfig
-from intraskill_jax.rl.rollouts import GroupContext, collect
+from intraskill_jax.agent.episode import AgentConfig, SkillContext
+from intraskill_jax.rl.rollouts import collect
 from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
 from intraskill_jax.tokenization import IM_END, format_tool_calls, from_env_action, train_tokenizer
 
@@ -43,7 +43,7 @@ def test_groups_advantages_and_zero_variance_filter(setup):
 
     engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), script, tok.convert_tokens_to_ids(IM_END))
     tasks = [int(t) for t in world.splits.train[:3]]
-    ctx = [GroupContext("skill A", (1, 0)), GroupContext(), GroupContext("skill B", (0, 1))]
+    ctx = [SkillContext("skill A", (1, 0)), SkillContext(), SkillContext("skill B", (0, 1))]
     exp = collect(engine, make_env, tok, tasks, ctx, group_size=G, sampling=SamplingParams(max_new_tokens=128),
                   agent=AgentConfig(max_turns=12))
     rewards = np.array([t.reward for t in exp.trajectories])
@@ -92,9 +92,9 @@ def test_all_wrong_groups_are_retried_with_the_full_skill_within_engine_capacity
 
     engine = Counting(lambda s: tok.encode(s, add_special_tokens=False), script, tok.convert_tokens_to_ids(IM_END))
     tasks = [int(t) for t in world.splits.train[:3]]
-    full = GroupContext("all chunks", (1, 1))
+    full = SkillContext("all chunks", (1, 1))
     # Group 2 ("no idea" everywhere, but with the same script as group 1) is all-wrong too.
-    exp = collect(engine, make_env, tok, tasks, [GroupContext()] * 3, group_size=G, prefix="s",
+    exp = collect(engine, make_env, tok, tasks, [SkillContext()] * 3, group_size=G, prefix="s",
                   sampling=SamplingParams(max_new_tokens=128), agent=AgentConfig(max_turns=12),
                   max_concurrent=5, retry=full)
     assert max(batches) <= 5

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from intraskill_jax.agent.demos import action_kind, oracle_agreement, oracle_demonstrations
+from intraskill_jax.agent.demos import action_kind, oracle_demonstrations
 from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.metrics import MetricsWriter, read_metrics
 from intraskill_jax.models import ModelConfig, causal_lm_class
 from intraskill_jax.rl import train_step as ts
-from intraskill_jax.rl.sft import SFTConfig, assistant_logprob, reply_logprobs, run_sft, sft_batches
+from intraskill_jax.rl.sft import SFTConfig, assistant_logprob, oracle_agreement, reply_logprobs, run_sft, sft_batches
 from intraskill_jax.tokenization import train_tokenizer
 from sim.config import CatalogConfig, SimConfig, SplitConfig
 from sim.env import ShopEnv

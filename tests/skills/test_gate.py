@@ -8,6 +8,7 @@ import pytest
 
 from intraskill_jax import stats
 from intraskill_jax.skills.bank import Proposal, SkillBank
+from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.skills.gate import GateConfig, Outcome, decide, draw_masks, run_gate
 from intraskill_jax.skills.power import PowerConfig, bernoulli_evaluate, simulate, synthetic_bank
 
@@ -213,9 +214,7 @@ def test_power_simulation_matches_the_predicted_rates():
 def test_bernoulli_evaluate_is_paired_through_the_task_draw():
     rng = np.random.default_rng(0)
     ev = bernoulli_evaluate(np.array([0.0]), np.full(4000, 0.5), rng.random(4000), 1.0, rng)
-    from intraskill_jax.rl.rollouts import GroupContext
-
-    ctx = [GroupContext("", (0,))] * 4000
+    ctx = [SkillContext("", (0,))] * 4000
     a, b = np.asarray(ev(range(4000), ctx)), np.asarray(ev(range(4000), ctx))
     np.testing.assert_array_equal(a, b)  # full coupling, no effect: identical reruns
 

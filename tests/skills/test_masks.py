@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from intraskill_jax.rl.rollouts import GroupContext, all_wrong_groups, record_retry, retry_metrics
+from intraskill_jax.agent.episode import SkillContext
+from intraskill_jax.rl.rollouts import all_wrong_groups, record_retry, retry_metrics
 from intraskill_jax.skills.bank import LedgerEntry, SkillBank
 from intraskill_jax.skills.masks import (
     MaskConfig,
@@ -45,7 +46,7 @@ def test_skill_free_fraction_and_uniform_inclusion_before_the_first_gate(s0):
     on = masks[masks.any(axis=1)].mean(axis=0)
     np.testing.assert_allclose(on, 0.5 / (1 - 0.5**10), atol=0.02)  # conditional on not all-off
     for c in ctx[:50]:
-        assert isinstance(c, GroupContext)
+        assert isinstance(c, SkillContext)
         assert c.skill_text == s0.render(c.skill_mask, "en")
         assert (c.skill_text == "") == (sum(c.skill_mask) == 0)
 
