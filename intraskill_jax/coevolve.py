@@ -25,8 +25,7 @@ import dataclasses
 import json
 import logging
 import math
-import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,198 +36,26 @@ from sim.env import ShopEnv
 from sim.world import World, build_world
 
 from intraskill_jax import rundir
-from intraskill_jax.agent.demos import oracle_demonstrations
-from intraskill_jax.agent.episode import AgentConfig, SkillContext, group_specs, run_groups
+from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.progress import Progress, as_progress
+from intraskill_jax.policy import load_policy, load_tokenizer, play, prepare_policy
 from intraskill_jax.rl.learner import Learner
 from intraskill_jax.rl.rollouts import Experience
-from intraskill_jax.rollout.base import RolloutEngine, SamplingParams, WeightUpdate
+from intraskill_jax.rollout.base import RolloutEngine, WeightUpdate
 from intraskill_jax.rollout.factory import make_engine
 from intraskill_jax.runconfig import RunConfig, resolve_repo_path
-from intraskill_jax.skills.analysts import Analyst, OfflineAnalyst, propose
+from intraskill_jax.skills.analysts import make_analyst, propose
 from intraskill_jax.skills.bank import SkillBank, latest_round
 from intraskill_jax.skills.gate import Outcome, run_gate
 from intraskill_jax.skills.masks import retry_context, sample_contexts
+from intraskill_jax.warm_start import warm_start
 
 log = logging.getLogger(__name__)
 
 # Seed streams: each random decision draws from default_rng([seed, stream, index]).
-_MASKS, _GATE, _ANALYSTS, _GATE_SAMPLING, _DEMOS = 1, 2, 3, 4, 5
-
-
-# -- the policy ------------------------------------------------------------------------------------
-
-
-def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path:
-    """The HF directory of the starting policy: `policy.path`, or a fresh model under `<workdir>/base/`.
-
-    The fresh model is a Qwen3.5-architecture network with random weights and a byte-level BPE
-    tokenizer trained on the simulator's text (titles, instructions, the skill bank, the tool
-    prompt), saved exactly as a downloaded checkpoint would be.
-    """
-    if config.policy.path:
-        path = resolve_repo_path(config.policy.path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"policy.path {path} has no config.json: point it at an HF checkpoint directory")
-        return path
-    base = Path(workdir) / "base"
-    if (base / "config.json").is_file() and (base / "tokenizer.json").is_file():
-        return base
-    from flax import nnx
-
-    from intraskill_jax.models import ModelConfig, causal_lm_class
-    from intraskill_jax.models.params import save_pretrained
-    from intraskill_jax.tokenization import train_tokenizer
-
-    tokenizer = train_tokenizer(_corpus(config, world), vocab_size=config.policy.tokenizer_vocab_size, family="qwen3_5",
-                                template=config.policy.chat_template)
-    model_config = ModelConfig.tiny_qwen3_5(**{**config.policy.init, "vocab_size": len(tokenizer)})
-    model = causal_lm_class(model_config)(model_config, rngs=nnx.Rngs(config.train.seed))
-    _publish(base, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
-    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    log.info("fresh policy (%d parameters, vocab %d) saved to %s", n_params, len(tokenizer), base)
-    return base
-
-
-def _corpus(config: RunConfig, world: World, episodes: int = 300) -> list[str]:
-    """What the policy will read and write: prompts, skill text, oracle episodes' pages and calls."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    from sim.policies import OraclePolicy
-
-    from intraskill_jax.agent.prompts import system_prompt
-    from intraskill_jax.tokenization import SPECIAL_TOKENS, chat_template, format_tool_calls, from_env_action, tools_for
-
-    lang, mode = config.sim.catalog.lang, config.sim.env.mode
-    bank = SkillBank.load(resolve_repo_path(config.skills.initial))
-    # The system turn (tool schema, instructions, skill) opens every episode: weight it like the
-    # pages beside it. Special tokens are single ids already, so they are not corpus text.
-    rendered, _ = render_jinja_template(
-        [[{"role": "system", "content": system_prompt(lang, mode, bank.render(bank.full_mask(), lang))}]],
-        tools=tools_for(mode), chat_template=chat_template("qwen3_5", config.policy.chat_template),
-        add_generation_prompt=True)
-    system = rendered[0]
-    for token in SPECIAL_TOKENS:
-        system = system.replace(token, "\n")
-    texts = [system] * episodes
-    env = ShopEnv(world)
-    for tid in world.splits.train[:episodes]:
-        result = env.reset(int(tid))
-        policy = OraclePolicy()
-        policy.reset(env, result.observation)
-        texts.append(result.observation)
-        while not result.done:
-            action = policy.act(env, result.observation)
-            texts.append(format_tool_calls([from_env_action(action)], "qwen3_5"))
-            result = env.step(action)
-            texts.append(result.observation)
-    return texts
-
-
-def _publish(out: Path, write: Callable[[Path], Any]) -> Path:
-    """Writes a directory under a temporary name and renames it: readers see all of it or nothing."""
-    tmp = out.with_name(out.name + ".tmp")
-    for stale in (tmp, out):
-        if stale.exists():
-            shutil.rmtree(stale)
-    write(tmp)
-    tmp.replace(out)
-    return out
-
-
-def load_policy(config: RunConfig, path: str | Path, mesh: Any = None) -> Any:
-    from intraskill_jax.models.params import load_pretrained
-
-    dtype = None if config.policy.dtype == "auto" else config.policy.dtype
-    p = config.policy
-    return load_pretrained(path, mesh=mesh, dtype=dtype, remat=p.remat, gdn_chunk_size=p.gdn_chunk_size,
-                           attention_block_size=p.attention_block_size)
-
-
-def load_tokenizer(path: str | Path, agent: AgentConfig) -> Any:
-    """The HF tokenizer at `path`, its chat template checked against the agent loop's rendering
-    under `agent` (family, thinking) before any rollout: raises ChatTemplateError if they differ."""
-    from transformers import AutoTokenizer
-
-    from intraskill_jax.tokenization import check_template
-
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    check_template(tokenizer, family=agent.family, enable_thinking=agent.enable_thinking)
-    return tokenizer
-
-
-def warm_start(config: RunConfig, workdir: str | Path, base: Path, world: World, *,
-               progress: bool | Progress = True) -> Path:
-    """SFT on oracle demonstrations (rendered by the agent loop under training-like skill masks).
-
-    Returns the HF directory of the warm-started policy, `<workdir>/sft/hf/` (or `base` when the
-    warm start is off). A killed SFT resumes from its own checkpoints under `<workdir>/sft/`.
-    """
-    ws = config.warm_start
-    if not ws.enabled:
-        return base
-    sft_dir = Path(workdir) / "sft"
-    out = sft_dir / "hf"
-    if (out / "config.json").is_file():
-        return out
-    progress = as_progress(progress)
-    with progress.stage("sft", unit="update"):  # the demonstrations and the held-out scoring too
-        return _warm_start(config, sft_dir, base, world, progress)
-
-
-def _warm_start(config: RunConfig, sft_dir: Path, base: Path, world: World, progress: Progress) -> Path:
-    from intraskill_jax.checkpoint import Checkpointer
-    from intraskill_jax.metrics import MetricsWriter
-    from intraskill_jax.models.params import save_pretrained
-    from intraskill_jax.rl.sft import oracle_agreement, run_sft
-
-    ws, out = config.warm_start, sft_dir / "hf"
-    tokenizer = load_tokenizer(base, config.agent)
-    lang = config.sim.catalog.lang
-    bank = SkillBank.load(resolve_repo_path(config.skills.initial))
-
-    def demonstrations(task_ids: Sequence[int], stream: int) -> list[Trajectory]:
-        rng = np.random.default_rng([config.train.seed, _DEMOS, stream])
-        contexts = (sample_contexts(bank, len(task_ids), rng, lang, config.skills.masks)
-                    if config.skills.mode != "none" else [SkillContext()] * len(task_ids))
-        specs = group_specs(task_ids, contexts)
-        return oracle_demonstrations([ShopEnv(world) for _ in specs], tokenizer, specs, config.agent)
-
-    demos = [d for d in demonstrations(world.splits.train[: ws.num_demos], 0) if d.success]
-    if not demos:
-        raise ValueError(f"no oracle demonstration succeeded within agent.max_turns={config.agent.max_turns} and "
-                         f"agent.max_context_tokens={config.agent.max_context_tokens}; raise them")
-    log.info("warm start on %d successful oracle demonstrations", len(demos))
-    model = load_policy(config, base)
-    with MetricsWriter(sft_dir) as writer, Checkpointer(sft_dir / "checkpoints") as ckpt:
-        result = run_sft(model, demos, ws.sft, pad_id=tokenizer.pad_token_id, writer=writer, checkpointer=ckpt,
-                         progress=progress)
-        heldout = demonstrations(world.splits.validation[: ws.heldout_demos], 1) if ws.heldout_demos else []
-        if heldout:
-            agree = oracle_agreement(model, heldout, world.catalog, pad_id=tokenizer.pad_token_id,
-                                     result_labels=config.sim.env.result_labels)
-            writer.write(int(result.state.step), {f"eval/sft_agree_{k}": v for k, v in agree.items()})
-            log.info("warm start on %d held-out oracle runs: chance of sampling the oracle's action: %s", len(heldout),
-                     ", ".join(f"{k} {v:.2f}" for k, v in agree.items()))
-    return _publish(out, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
-
-
-def make_analyst(config: RunConfig) -> Analyst:
-    if config.skills.analyst == "openai":
-        from intraskill_jax.skills.analyst_openai import OpenAIAnalyst
-
-        return OpenAIAnalyst(config.skills.analyst_url, config.skills.analyst_model)
-    return OfflineAnalyst()
-
-
-def play(engine: RolloutEngine, world: World, tokenizer: Any, config: RunConfig, task_ids: Sequence[int],
-         contexts: Sequence[SkillContext], sampling: SamplingParams, *, prefix: str,
-         seed: tuple[int, int]) -> list[Trajectory]:
-    """One episode per (task, context), seeded so the same call replays the same episodes."""
-    engine.reseed(*seed)
-    return run_groups(engine, lambda: ShopEnv(world), tokenizer, task_ids, contexts, sampling, config.agent,
-                      prefix=prefix, max_concurrent=config.rollout.capacity)
+# (stream 5 is the warm start's demonstrations, warm_start.py)
+_MASKS, _GATE, _ANALYSTS, _GATE_SAMPLING = 1, 2, 3, 4
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -237,19 +64,17 @@ def play(engine: RolloutEngine, world: World, tokenizer: Any, config: RunConfig,
 class Coevolution:
     """One training run in `workdir`; `run()` trains to the end (resuming whatever is there)."""
 
-    def __init__(self, config: RunConfig, workdir: str | Path, *, progress: bool | Progress = True,
-                 world: World | None = None, mesh: Any = None, engine: RolloutEngine | None = None):
-        """`engine` replaces the configured rollout engine (e.g. a scripted policy in a test)."""
-        self.config, self.workdir = config, Path(workdir)
-        self.progress = progress = as_progress(progress)
+    def __init__(self, config: RunConfig, workdir: str | Path, policy_path: str | Path, *, world: World,
+                 progress: bool | Progress = True, mesh: Any = None, engine: RolloutEngine | None = None):
+        """The loop on the starting policy at `policy_path` (see `start`); constructing it loads the
+        policy and restores the newest checkpoint, it trains nothing. `engine` replaces the
+        configured rollout engine (e.g. a scripted policy in a test)."""
+        self.config, self.workdir, self.world = config, Path(workdir), world
+        self.progress = as_progress(progress)
         self.workdir.mkdir(parents=True, exist_ok=True)
         _check_config_unchanged(config, self.workdir)
-        with progress.stage("setup", 1) as bar:
-            self.world = world or build_world(config.sim)
-            self.lang = config.sim.catalog.lang
-            base = prepare_policy(config, self.workdir, self.world)
-            bar.update()
-        self.policy_path = warm_start(config, self.workdir, base, self.world, progress=progress)
+        self.lang = config.sim.catalog.lang
+        self.policy_path = Path(policy_path)
         self.tokenizer = load_tokenizer(self.policy_path, config.agent)
         # Accelerators shard over the configured mesh; CPU "devices" are test fakes (or host
         # threads) that sharding would only slow down.
@@ -260,7 +85,7 @@ class Coevolution:
         model = load_policy(config, self.policy_path, mesh)
         self.engine = engine if engine is not None else make_engine(
             config.rollout, WeightUpdate.published(0, self.policy_path, lambda: model))
-        self.analyst = make_analyst(config)
+        self.analyst = make_analyst(config.skills)
         self.validation = [int(t) for t in self.world.splits.validation[: config.skills.validation_tasks]]
         self.bank = self._load_bank()
         self.learner = Learner(
@@ -273,6 +98,21 @@ class Coevolution:
             # The gate at this step had started when the run died: drop what it wrote, redo it.
             self.learner.metrics.rewind(lambda row: row["step"] == self.learner.step
                                         and any(k.startswith("gate/") for k in row))
+
+    @classmethod
+    def start(cls, config: RunConfig, workdir: str | Path, *, progress: bool | Progress = True,
+              world: World | None = None, mesh: Any = None, engine: RolloutEngine | None = None) -> Coevolution:
+        """Prepares the run's starting policy (the base model, then the warm start's SFT, each
+        skipped when already done in `workdir`) and returns the loop on it."""
+        workdir, progress = Path(workdir), as_progress(progress)
+        workdir.mkdir(parents=True, exist_ok=True)
+        _check_config_unchanged(config, workdir)  # before any work: a resumed run keeps its config
+        with progress.stage("setup", 1) as bar:
+            world = world or build_world(config.sim)
+            base = prepare_policy(config, workdir, world)
+            bar.update()
+        policy_path = warm_start(config, workdir, base, world, progress=progress)
+        return cls(config, workdir, policy_path, world=world, progress=progress, mesh=mesh, engine=engine)
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -349,7 +189,7 @@ class Coevolution:
         from intraskill_jax.models.params import save_pretrained
 
         model = self.learner.model()
-        out = _publish(self.workdir / "hf" / "final", lambda tmp: (
+        out = rundir.publish_dir(self.workdir / "hf" / "final", lambda tmp: (
             save_pretrained(model, tmp, hf_config=self.learner.hf_config), self.tokenizer.save_pretrained(tmp)))
         rundir.write_json(self.workdir / "hf" / "final.json", {"step": self.learner.step, "bank_round": self.bank.round})
         return out
@@ -382,27 +222,12 @@ class Coevolution:
 
         result = run_gate(evaluate, bank, batch.proposals, self.validation,
                           np.random.default_rng([cfg.train.seed, _GATE, r]), config=cfg.skills.gate, lang=self.lang)
-        accepted = sum(d.kind == "proposal" and d.action in ("add", "rewrite") for d in result.decisions)
-        funnel = {"failures": funnel_failures, "recovered_by_retry": recovered, "analysed": len(batch.reports),
-                  "proposals": len(batch.proposals), "rejected": len(batch.rejected), "accepted": accepted}
+        funnel = {"failures": funnel_failures, "recovered_by_retry": recovered, **result.funnel(batch)}
         c = result.contributions
-        doc = {
-            "round": r, "step": step, "columns": list(result.columns),
-            "kinds": ["chunk" if col in bank.active_ids else "proposal" for col in result.columns],
-            "n": int(c.n), "beta": c.beta.tolist(), "se": c.se.tolist(), "ci_low": c.ci_low.tolist(),
-            "ci_high": c.ci_high.tolist(), "p": c.p.tolist(),
-            "decisions": [rundir.json_finite(dataclasses.asdict(d)) for d in result.decisions],
-            "summary": rundir.json_finite({k.removeprefix("gate/"): v for k, v in result.metrics.items()}),
-            "additivity": rundir.json_finite(dataclasses.asdict(result.additivity)) if result.additivity else None,
-            "funnel": funnel,
-            "proposals": [p.to_json() for p in batch.proposals],
-            "rejected": [{"proposal": p.to_json(), "reasons": reasons} for p, reasons in batch.rejected],
-            "analyst_counters": batch.counters,
-        }
         rundir.write_jsonl(rundir.gate_episodes_path(self.workdir, r), [
             {**rundir.episode_record(t), "arm": arm, "round": r, "step": step,
              "mask": list(t.skill_mask)} for arm, t in episodes])
-        rundir.write_json(rundir.gate_path(self.workdir, r), doc)
+        rundir.write_json(rundir.gate_path(self.workdir, r), result.record(bank, batch, funnel, r, step))
         metrics = dict(result.metrics)
         metrics.update({f"gate/funnel_{k}": float(v) for k, v in funnel.items()})
         for j, col in enumerate(result.columns):
@@ -414,7 +239,7 @@ class Coevolution:
         nxt.save_round(self.workdir)  # ledger.json last: the commit point of the round
         self.bank = nxt
         log.info("round %d closed at step %d: %d -> %d active chunks, %d proposals, %d accepted",
-                 r, step, len(bank.active), len(nxt.active), len(batch.proposals), accepted)
+                 r, step, len(bank.active), len(nxt.active), len(batch.proposals), funnel["accepted"])
         return nxt
 
     def _round_rows(self, r: int) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ import numpy as np
 from sim.world import World, build_world
 
 from intraskill_jax import rundir
-from intraskill_jax.coevolve import load_policy, load_tokenizer, play, prepare_policy
+from intraskill_jax.policy import load_policy, load_tokenizer, play, prepare_policy
 from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.rollout.base import RolloutEngine, WeightUpdate

@@ -76,7 +76,7 @@ def _setup(command: str):
 def _train(config, workdir, progress):
     from intraskill_jax.coevolve import Coevolution
 
-    run = Coevolution(config, workdir, progress=progress)
+    run = Coevolution.start(config, workdir, progress=progress)
     try:
         bank = run.run()
     finally:
@@ -154,7 +154,8 @@ def _command(command: str, config: runconfig.RunConfig, workdir: Path, progress:
     if command == "sft":
         from sim.world import build_world
 
-        from intraskill_jax.coevolve import prepare_policy, warm_start
+        from intraskill_jax.policy import prepare_policy
+        from intraskill_jax.warm_start import warm_start
 
         with progress.stage("setup", 1) as bar:
             world = build_world(config.sim)

@@ -24,8 +24,9 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,16 @@ def _atomic_write(path: Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def publish_dir(out: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
+    """Writes a directory (`write(tmp)`) under a temporary name and renames it into place: readers
+    see all of it or nothing (an HF export, say). Returns `out`."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    for stale in (tmp, out):
+        if stale.exists():
+            shutil.rmtree(stale)
+    write(tmp)
+    tmp.replace(out)
+    return out

@@ -253,7 +253,7 @@ def test_project_continuation_is_the_chatml_it_always_was():
 
 
 def test_checkpoint_template_is_checked_when_the_tokenizer_is_loaded(tmp_path):
-    from intraskill_jax.coevolve import load_tokenizer
+    from intraskill_jax.policy import load_tokenizer
 
     tokenizer_with("qwen3", "qwen3").save_pretrained(tmp_path)
     with pytest.raises(ChatTemplateError, match=f"chat template of {tmp_path}.*drops the <think> block"):

@@ -30,7 +30,7 @@ def finished_run(tmp_path_factory):
 
     workdir = tmp_path_factory.mktemp("run")
     config = smoke_config()
-    run = Coevolution(config, workdir, progress=False)
+    run = Coevolution.start(config, workdir, progress=False)
     try:
         run.run()
     finally:

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from sim.policies import OraclePolicy
+from sim.world import build_world
 
-from intraskill_jax import coevolve, runconfig
+from intraskill_jax import coevolve, policy, runconfig
 from intraskill_jax.agent import episode
 from intraskill_jax.rollout.base import ScriptedEngine
 from intraskill_jax.skills.bank import Chunk, SkillBank
@@ -97,10 +98,10 @@ def test_two_rounds_keep_the_helpful_chunk_and_retire_the_harmful_one(toy_bank, 
     monkeypatch.setattr(episode, "run_episodes", with_envs(episode.run_episodes))  # under run_groups
     config = toy_config(toy_bank)
     workdir = tmp_path / "run"
-    tokenizer = coevolve.load_tokenizer(coevolve.prepare_policy(config, workdir, coevolve.build_world(config.sim)),
+    tokenizer = policy.load_tokenizer(policy.prepare_policy(config, workdir, build_world(config.sim)),
                                         config.agent)
     holder["engine"] = ChunkSensitiveEngine(tokenizer)
-    run = coevolve.Coevolution(config, workdir, progress=False, engine=holder["engine"])
+    run = coevolve.Coevolution.start(config, workdir, progress=False, engine=holder["engine"])
     try:
         final = run.run()
     finally:

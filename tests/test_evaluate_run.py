@@ -15,7 +15,7 @@ from sim.world import build_world
 
 from intraskill_jax import evaluate as evaluate_lib
 from intraskill_jax import rundir
-from intraskill_jax.coevolve import load_policy, load_tokenizer, prepare_policy
+from intraskill_jax.policy import load_policy, load_tokenizer, prepare_policy
 from intraskill_jax.models.params import save_pretrained
 from intraskill_jax.rl.sft import reply_logprobs
 from intraskill_jax.runconfig import resolve_repo_path, with_overrides

@@ -12,7 +12,7 @@ import pytest
 
 from sim.world import build_world
 
-from intraskill_jax import coevolve, presets, rundir, runconfig
+from intraskill_jax import coevolve, policy, presets, rundir, runconfig
 from intraskill_jax.rollout.base import ScriptedEngine
 from intraskill_jax.skills.bank import SkillBank, latest_round
 from intraskill_jax.tokenization import IM_END, format_tool_calls, from_env_action
@@ -40,14 +40,14 @@ def shared(tmp_path_factory):
     """The world and the fresh policy every preset starts from (presets change neither)."""
     config = preset_config("coevolve")
     world = build_world(config.sim)
-    base = coevolve.prepare_policy(config, tmp_path_factory.mktemp("policy"), world)
-    return world, base, coevolve.load_tokenizer(base, config.agent)
+    base = policy.prepare_policy(config, tmp_path_factory.mktemp("policy"), world)
+    return world, base, policy.load_tokenizer(base, config.agent)
 
 
 def one_step(preset, shared, workdir):
     world, base, tokenizer = shared
     config = preset_config(preset, **{"policy.path": str(base)})
-    run = coevolve.Coevolution(config, workdir, progress=False, world=world, engine=BuyNowEngine(tokenizer))
+    run = coevolve.Coevolution.start(config, workdir, progress=False, world=world, engine=BuyNowEngine(tokenizer))
     try:
         assert run.learner.config is config.train  # the learner reads the run's `train` section itself
         final = run.run()

@@ -45,7 +45,7 @@ def test_runs_end_to_end_at_cpu_size(tmp_path):
     from intraskill_jax.evaluate import evaluate
 
     config = runconfig.with_overrides(runconfig.load_file(CONFIG), CPU_SIZE)
-    run = Coevolution(config, tmp_path, progress=False)
+    run = Coevolution.start(config, tmp_path, progress=False)
     try:
         final = run.run()
     finally:

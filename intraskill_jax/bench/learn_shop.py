@@ -36,7 +36,7 @@ def run(config_path: str | Path, workdir: str | Path, *, progress: bool = False)
     seconds: dict[str, float] = {}
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    train = Coevolution(config, workdir, progress=progress)
+    train = Coevolution.start(config, workdir, progress=progress)
     seconds["warm_start"] = time.perf_counter() - t0  # built by the constructor (resumed if done)
     try:
         t = time.perf_counter()

@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import re
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 from rapidfuzz import fuzz
@@ -34,6 +34,9 @@ from rapidfuzz import fuzz
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.skills.bank import Proposal, SkillBank
 from intraskill_jax.tokenization import CONTROL_MARKUP
+
+if TYPE_CHECKING:  # runconfig imports this module's AnalystsConfig
+    from intraskill_jax.runconfig import SkillsConfig
 
 log = logging.getLogger(__name__)
 
@@ -443,3 +446,13 @@ def propose(
         proposals.append(prop)
     counters["skills/proposals"] = len(proposals)
     return ProposalBatch(proposals, rejected, reports, {k: float(v) for k, v in counters.items()})
+
+
+def make_analyst(config: SkillsConfig) -> Analyst:
+    """The analyst `skills.analyst` names: 'offline' (rules over the traces) or 'openai' (an
+    OpenAI-compatible chat endpoint at `skills.analyst_url`)."""
+    if config.analyst == "openai":
+        from intraskill_jax.skills.analyst_openai import OpenAIAnalyst
+
+        return OpenAIAnalyst(config.analyst_url, config.analyst_model)
+    return OfflineAnalyst()

@@ -44,6 +44,7 @@ import numpy as np
 from intraskill_jax import stats
 from intraskill_jax.rundir import json_finite
 from intraskill_jax.agent.episode import SkillContext
+from intraskill_jax.skills.analysts import ProposalBatch
 from intraskill_jax.skills.bank import Chunk, LedgerEntry, Proposal, SkillBank, render_texts
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,31 @@ class GateResult:
     random: np.ndarray  # [n] R_i
     full: np.ndarray | None  # [n] F_i
     metrics: dict[str, float]
+
+    def funnel(self, batch: ProposalBatch) -> dict[str, int]:
+        """How the analysts' proposals fared: analysed failures, proposals, rejects, accepted."""
+        accepted = sum(d.kind == "proposal" and d.action in ("add", "rewrite") for d in self.decisions)
+        return {"analysed": len(batch.reports), "proposals": len(batch.proposals), "rejected": len(batch.rejected),
+                "accepted": accepted}
+
+    def record(self, bank: SkillBank, batch: ProposalBatch, funnel: dict[str, int], round_: int,
+               step: int) -> dict[str, Any]:
+        """The round's JSON record (`gates/round_K.json`): the fit, every decision, the funnel and
+        the proposals with the validators' rejects, for the report and the bundle."""
+        c = self.contributions
+        return {
+            "round": round_, "step": step, "columns": list(self.columns),
+            "kinds": ["chunk" if col in bank.active_ids else "proposal" for col in self.columns],
+            "n": int(c.n), "beta": c.beta.tolist(), "se": c.se.tolist(), "ci_low": c.ci_low.tolist(),
+            "ci_high": c.ci_high.tolist(), "p": c.p.tolist(),
+            "decisions": [json_finite(dataclasses.asdict(d)) for d in self.decisions],
+            "summary": json_finite({k.removeprefix("gate/"): v for k, v in self.metrics.items()}),
+            "additivity": json_finite(dataclasses.asdict(self.additivity)) if self.additivity else None,
+            "funnel": funnel,
+            "proposals": [p.to_json() for p in batch.proposals],
+            "rejected": [{"proposal": p.to_json(), "reasons": reasons} for p, reasons in batch.rejected],
+            "analyst_counters": batch.counters,
+        }
 
 
 def decide(

@@ -1,0 +1,124 @@
+"""The run's policy: where it starts (a checkpoint or a fresh model), how it is loaded, how it plays.
+
+`prepare_policy` gives the starting HF directory: `policy.path`, or a fresh Qwen3.5-architecture
+model with a tokenizer trained on the simulator's text, saved under `<workdir>/base/` exactly as a
+downloaded checkpoint would be. `play` is how every stage of a run (the gate, the evaluation) rolls
+the policy out on the shop: seeded, so the same call replays the same episodes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from sim.env import ShopEnv
+from sim.world import World
+
+from intraskill_jax import rundir
+from intraskill_jax.agent.episode import AgentConfig, SkillContext, run_groups
+from intraskill_jax.agent.trajectory import Trajectory
+from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
+from intraskill_jax.runconfig import RunConfig, resolve_repo_path
+from intraskill_jax.skills.bank import SkillBank
+
+log = logging.getLogger(__name__)
+
+
+def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path:
+    """The HF directory of the starting policy: `policy.path`, or a fresh model under `<workdir>/base/`.
+
+    The fresh model is a Qwen3.5-architecture network with random weights and a byte-level BPE
+    tokenizer trained on the simulator's text (titles, instructions, the skill bank, the tool
+    prompt), saved exactly as a downloaded checkpoint would be.
+    """
+    if config.policy.path:
+        path = resolve_repo_path(config.policy.path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"policy.path {path} has no config.json: point it at an HF checkpoint directory")
+        return path
+    base = Path(workdir) / "base"
+    if (base / "config.json").is_file() and (base / "tokenizer.json").is_file():
+        return base
+    from flax import nnx
+
+    from intraskill_jax.models import ModelConfig, causal_lm_class
+    from intraskill_jax.models.params import save_pretrained
+    from intraskill_jax.tokenization import train_tokenizer
+
+    tokenizer = train_tokenizer(_corpus(config, world), vocab_size=config.policy.tokenizer_vocab_size, family="qwen3_5",
+                                template=config.policy.chat_template)
+    model_config = ModelConfig.tiny_qwen3_5(**{**config.policy.init, "vocab_size": len(tokenizer)})
+    model = causal_lm_class(model_config)(model_config, rngs=nnx.Rngs(config.train.seed))
+    rundir.publish_dir(base, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
+    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    log.info("fresh policy (%d parameters, vocab %d) saved to %s", n_params, len(tokenizer), base)
+    return base
+
+
+def _corpus(config: RunConfig, world: World, episodes: int = 300) -> list[str]:
+    """What the policy will read and write: prompts, skill text, oracle episodes' pages and calls."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from sim.policies import OraclePolicy
+
+    from intraskill_jax.agent.prompts import system_prompt
+    from intraskill_jax.tokenization import SPECIAL_TOKENS, chat_template, format_tool_calls, from_env_action, tools_for
+
+    lang, mode = config.sim.catalog.lang, config.sim.env.mode
+    bank = SkillBank.load(resolve_repo_path(config.skills.initial))
+    # The system turn (tool schema, instructions, skill) opens every episode: weight it like the
+    # pages beside it. Special tokens are single ids already, so they are not corpus text.
+    rendered, _ = render_jinja_template(
+        [[{"role": "system", "content": system_prompt(lang, mode, bank.render(bank.full_mask(), lang))}]],
+        tools=tools_for(mode), chat_template=chat_template("qwen3_5", config.policy.chat_template),
+        add_generation_prompt=True)
+    system = rendered[0]
+    for token in SPECIAL_TOKENS:
+        system = system.replace(token, "\n")
+    texts = [system] * episodes
+    env = ShopEnv(world)
+    for tid in world.splits.train[:episodes]:
+        result = env.reset(int(tid))
+        policy = OraclePolicy()
+        policy.reset(env, result.observation)
+        texts.append(result.observation)
+        while not result.done:
+            action = policy.act(env, result.observation)
+            texts.append(format_tool_calls([from_env_action(action)], "qwen3_5"))
+            result = env.step(action)
+            texts.append(result.observation)
+    return texts
+
+
+def load_policy(config: RunConfig, path: str | Path, mesh: Any = None) -> Any:
+    from intraskill_jax.models.params import load_pretrained
+
+    dtype = None if config.policy.dtype == "auto" else config.policy.dtype
+    p = config.policy
+    return load_pretrained(path, mesh=mesh, dtype=dtype, remat=p.remat, gdn_chunk_size=p.gdn_chunk_size,
+                           attention_block_size=p.attention_block_size)
+
+
+def load_tokenizer(path: str | Path, agent: AgentConfig) -> Any:
+    """The HF tokenizer at `path`, its chat template checked against the agent loop's rendering
+    under `agent` (family, thinking) before any rollout: raises ChatTemplateError if they differ."""
+    from transformers import AutoTokenizer
+
+    from intraskill_jax.tokenization import check_template
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    check_template(tokenizer, family=agent.family, enable_thinking=agent.enable_thinking)
+    return tokenizer
+
+
+def play(engine: RolloutEngine, world: World, tokenizer: Any, config: RunConfig, task_ids: Sequence[int],
+         contexts: Sequence[SkillContext], sampling: SamplingParams, *, prefix: str,
+         seed: tuple[int, int]) -> list[Trajectory]:
+    """One episode per (task, context), seeded so the same call replays the same episodes."""
+    engine.reseed(*seed)
+    return run_groups(engine, lambda: ShopEnv(world), tokenizer, task_ids, contexts, sampling, config.agent,
+                      prefix=prefix, max_concurrent=config.rollout.capacity)

@@ -1,0 +1,88 @@
+"""The warm start: SFT of the starting policy on oracle demonstrations, before any GRPO step.
+
+The oracle's episodes are rendered by the agent loop itself under training-like skill masks, so
+the demonstration tokens are exactly what the policy will have to sample. The result is an HF
+directory, `<workdir>/sft/hf/`; a killed SFT resumes from its own checkpoints under `<workdir>/sft/`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from sim.env import ShopEnv
+from sim.world import World
+
+from intraskill_jax import rundir
+from intraskill_jax.agent.demos import oracle_demonstrations
+from intraskill_jax.agent.episode import SkillContext, group_specs
+from intraskill_jax.agent.trajectory import Trajectory
+from intraskill_jax.policy import load_policy, load_tokenizer
+from intraskill_jax.progress import Progress, as_progress
+from intraskill_jax.runconfig import RunConfig, resolve_repo_path
+from intraskill_jax.skills.bank import SkillBank
+from intraskill_jax.skills.masks import sample_contexts
+
+log = logging.getLogger(__name__)
+
+# The demonstrations' seed stream: default_rng([seed, _DEMOS, k]) (coevolve.py holds streams 1-4).
+_DEMOS = 5
+
+
+def warm_start(config: RunConfig, workdir: str | Path, base: Path, world: World, *,
+               progress: bool | Progress = True) -> Path:
+    """SFT on oracle demonstrations (rendered by the agent loop under training-like skill masks).
+
+    Returns the HF directory of the warm-started policy, `<workdir>/sft/hf/` (or `base` when the
+    warm start is off). A killed SFT resumes from its own checkpoints under `<workdir>/sft/`.
+    """
+    ws = config.warm_start
+    if not ws.enabled:
+        return base
+    sft_dir = Path(workdir) / "sft"
+    out = sft_dir / "hf"
+    if (out / "config.json").is_file():
+        return out
+    progress = as_progress(progress)
+    with progress.stage("sft", unit="update"):  # the demonstrations and the held-out scoring too
+        return _warm_start(config, sft_dir, base, world, progress)
+
+
+def _warm_start(config: RunConfig, sft_dir: Path, base: Path, world: World, progress: Progress) -> Path:
+    from intraskill_jax.checkpoint import Checkpointer
+    from intraskill_jax.metrics import MetricsWriter
+    from intraskill_jax.models.params import save_pretrained
+    from intraskill_jax.rl.sft import oracle_agreement, run_sft
+
+    ws, out = config.warm_start, sft_dir / "hf"
+    tokenizer = load_tokenizer(base, config.agent)
+    lang = config.sim.catalog.lang
+    bank = SkillBank.load(resolve_repo_path(config.skills.initial))
+
+    def demonstrations(task_ids: Sequence[int], stream: int) -> list[Trajectory]:
+        rng = np.random.default_rng([config.train.seed, _DEMOS, stream])
+        contexts = (sample_contexts(bank, len(task_ids), rng, lang, config.skills.masks)
+                    if config.skills.mode != "none" else [SkillContext()] * len(task_ids))
+        specs = group_specs(task_ids, contexts)
+        return oracle_demonstrations([ShopEnv(world) for _ in specs], tokenizer, specs, config.agent)
+
+    demos = [d for d in demonstrations(world.splits.train[: ws.num_demos], 0) if d.success]
+    if not demos:
+        raise ValueError(f"no oracle demonstration succeeded within agent.max_turns={config.agent.max_turns} and "
+                         f"agent.max_context_tokens={config.agent.max_context_tokens}; raise them")
+    log.info("warm start on %d successful oracle demonstrations", len(demos))
+    model = load_policy(config, base)
+    with MetricsWriter(sft_dir) as writer, Checkpointer(sft_dir / "checkpoints") as ckpt:
+        result = run_sft(model, demos, ws.sft, pad_id=tokenizer.pad_token_id, writer=writer, checkpointer=ckpt,
+                         progress=progress)
+        heldout = demonstrations(world.splits.validation[: ws.heldout_demos], 1) if ws.heldout_demos else []
+        if heldout:
+            agree = oracle_agreement(model, heldout, world.catalog, pad_id=tokenizer.pad_token_id,
+                                     result_labels=config.sim.env.result_labels)
+            writer.write(int(result.state.step), {f"eval/sft_agree_{k}": v for k, v in agree.items()})
+            log.info("warm start on %d held-out oracle runs: chance of sampling the oracle's action: %s", len(heldout),
+                     ", ".join(f"{k} {v:.2f}" for k, v in agree.items()))
+    return rundir.publish_dir(out, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
