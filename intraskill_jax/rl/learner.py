@@ -34,7 +34,6 @@ from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.errors import ConfigError
 from intraskill_jax.metrics import MetricsWriter
 from intraskill_jax.models.params import save_pretrained
-from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl.rollouts import Experience, collect
 from intraskill_jax.rl.train_step import (
@@ -152,7 +151,6 @@ class Learner:
         self.cursor = TaskCursor(tasks, config.seed)
         self.checkpoints = Checkpointer(self.workdir / "checkpoints")
         self.step = 0
-        self.resumed_extra: dict[str, Any] = {}
         self._resume()
         # Rows past the restored step came from work the kill threw away; it will be redone.
         self.metrics = MetricsWriter(self.workdir, rewind_to=self.step)
@@ -165,7 +163,6 @@ class Learner:
         restored = self.checkpoints.restore(self.state)
         self.state, self.step = restored.state, restored.step
         self.cursor.position = int(restored.extra["cursor"])
-        self.resumed_extra = dict(restored.extra)
         log.info("resumed from %s at step %d", self.checkpoints.step_path(restored.step), restored.step)
         self._push_weights()
 
@@ -189,13 +186,6 @@ class Learner:
 
     def save_checkpoint(self) -> None:
         self.checkpoints.save(self.step, self.state, extra={"cursor": self.cursor.position, **self.checkpoint_extra()})
-
-    def run(self, steps: int | None = None, *, progress: bool | Progress = True) -> None:
-        target = self.config.steps if steps is None else min(self.config.steps, self.step + steps)
-        with as_progress(progress).stage("GRPO steps", target, unit="step", initial=self.step) as bar:
-            while self.step < target:
-                self.train_step()
-                bar.update()
 
     def train_step(self) -> dict[str, float]:
         cfg = self.config

@@ -154,9 +154,11 @@ def test_steps_update_push_log_checkpoint_and_resume_identically(world_tok, tmp_
     engine = MixedEngine(world, tok)
     patch_envs(engine, monkeypatch)
     full, seen = make(world, tok, tmp_path / "full", engine)
-    full.run(steps=2, progress=False)
+    for _ in range(2):
+        full.train_step()
     assert full.step == 2 and full.checkpoints.all_steps() == [2]
-    full.run(progress=False)  # the rest, without interruption (state stays in memory)
+    while full.step < full.config.steps:  # the rest, without interruption (state stays in memory)
+        full.train_step()
     full.close()
     rows = read_rows(tmp_path / "full")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -174,7 +176,8 @@ def test_steps_update_push_log_checkpoint_and_resume_identically(world_tok, tmp_
     patch_envs(resumed_engine, monkeypatch)
     resumed, seen2 = make(world, tok, tmp_path / "killed", resumed_engine)
     assert resumed.step == 2 and resumed.cursor.position == 2 and resumed_engine.pushed == [2]
-    resumed.run(progress=False)
+    while resumed.step < resumed.config.steps:
+        resumed.train_step()
     resumed.close()
     assert len(shared_programs) == 2  # the resumed Learner built no programs of its own
     rows_resumed = read_rows(tmp_path / "killed")

@@ -94,7 +94,8 @@ def _train(tokenizer, warm_policy, workdir, steps=STEPS):
                                          group_size=8, optim=OptimConfig(learning_rate=1e-3, micro_batch_size=16),
                                          loss=LossConfig()),
                       sampling=SAMPLING, agent=AGENT)
-    learner.run(progress=False)
+    while learner.step < steps:
+        learner.train_step()
     learner.close()
     return before, _success(engine, tokenizer, 1)
 
