@@ -49,6 +49,7 @@ from intraskill_jax.skills.analysts import Analyst, OfflineAnalyst, propose
 from intraskill_jax.skills.bank import SkillBank, latest_round
 from intraskill_jax.skills.gate import run_gate
 from intraskill_jax.skills.masks import retry_context, sample_contexts
+from intraskill_jax.tokenization import ToolFormat
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,11 @@ _MASKS, _GATE, _ANALYSTS, _GATE_SAMPLING, _DEMOS = 1, 2, 3, 4, 5
 def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path:
     """The HF directory of the starting policy: `policy.path`, or a fresh model under `<workdir>/base/`.
 
-    The fresh model is a Qwen3.5-architecture network with random weights and a byte-level BPE
+    The fresh model is `ModelConfig.tiny_qwen3_5` under `policy.init` (a Qwen3.5-architecture
+    network unless `init` names another family) with random weights and a byte-level BPE
     tokenizer trained on the simulator's text (titles, instructions, the skill bank, the tool
-    prompt), saved exactly as a downloaded checkpoint would be.
+    prompt) whose template writes the family's tool calls, saved exactly as a downloaded
+    checkpoint would be.
     """
     if config.policy.path:
         path = resolve_repo_path(config.policy.path)
@@ -76,22 +79,25 @@ def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path
         return base
     from flax import nnx
 
-    from intraskill_jax.models import ModelConfig, causal_lm_class
+    from intraskill_jax.models import ModelConfig, get_family
     from intraskill_jax.models.params import save_pretrained
     from intraskill_jax.tokenization import train_tokenizer
 
-    tokenizer = train_tokenizer(_corpus(config, world), vocab_size=config.policy.tokenizer_vocab_size, family="qwen3_5",
-                                template=config.policy.chat_template)
-    model_config = ModelConfig.tiny_qwen3_5(**{**config.policy.init, "vocab_size": len(tokenizer)})
-    model = causal_lm_class(model_config)(model_config, rngs=nnx.Rngs(config.train.seed))
+    model_config = ModelConfig.tiny_qwen3_5(**config.policy.init)
+    family = get_family(model_config.family)
+    tokenizer = train_tokenizer(_corpus(config, world, family.tool_format), config.policy.tokenizer_vocab_size,
+                                tool_format=family.tool_format, template=config.policy.chat_template)
+    model_config = model_config.replace(vocab_size=len(tokenizer))
+    model = family.model_class(model_config, rngs=nnx.Rngs(config.train.seed))
     _publish(base, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     log.info("fresh policy (%d parameters, vocab %d) saved to %s", n_params, len(tokenizer), base)
     return base
 
 
-def _corpus(config: RunConfig, world: World, episodes: int = 300) -> list[str]:
-    """What the policy will read and write: prompts, skill text, oracle episodes' pages and calls."""
+def _corpus(config: RunConfig, world: World, tool_format: ToolFormat, episodes: int = 300) -> list[str]:
+    """What the policy will read and write: prompts, skill text, oracle episodes' pages and calls
+    (written in `tool_format`)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     from sim.policies import OraclePolicy
@@ -105,7 +111,7 @@ def _corpus(config: RunConfig, world: World, episodes: int = 300) -> list[str]:
     # pages beside it. Special tokens are single ids already, so they are not corpus text.
     rendered, _ = render_jinja_template(
         [[{"role": "system", "content": system_prompt(lang, mode, bank.render(bank.full_mask(), lang))}]],
-        tools=tools_for(mode), chat_template=chat_template("qwen3_5", config.policy.chat_template),
+        tools=tools_for(mode), chat_template=chat_template(tool_format, config.policy.chat_template),
         add_generation_prompt=True)
     system = rendered[0]
     for token in SPECIAL_TOKENS:
@@ -119,7 +125,7 @@ def _corpus(config: RunConfig, world: World, episodes: int = 300) -> list[str]:
         texts.append(result.observation)
         while not result.done:
             action = policy.act(env, result.observation)
-            texts.append(format_tool_calls([from_env_action(action)], "qwen3_5"))
+            texts.append(format_tool_calls([from_env_action(action)], tool_format))
             result = env.step(action)
             texts.append(result.observation)
     return texts
@@ -247,7 +253,7 @@ class Coevolution:
     def __init__(self, config: RunConfig, workdir: str | Path, *, progress: bool | Progress = True,
                  world: World | None = None, mesh: Any = None, engine: RolloutEngine | None = None):
         """`engine` replaces the configured rollout engine (e.g. a scripted policy in a test)."""
-        self.config, self.workdir = config, Path(workdir)
+        self.workdir = Path(workdir)
         self.progress = progress = as_progress(progress)
         self.workdir.mkdir(parents=True, exist_ok=True)
         _check_config_unchanged(config, self.workdir)
@@ -255,6 +261,8 @@ class Coevolution:
             self.world = world or build_world(config.sim)
             self.lang = config.sim.catalog.lang
             base = prepare_policy(config, self.workdir, self.world)
+            # The warm start keeps the base's family, so the agent's tool-call format is read once.
+            self.config = config = config.for_policy(base)
             bar.update()
         self.policy_path = warm_start(config, self.workdir, base, self.world, progress=progress)
         self.tokenizer = load_tokenizer(self.policy_path)

@@ -54,7 +54,7 @@ class ChunkSensitiveEngine(ScriptedEngine):
             self.plans[session] = policy if coin < p else None
         policy = self.plans[session]
         action = policy.act(env, "") if policy is not None else "click[buy now]"
-        return format_tool_calls([from_env_action(action)], "qwen3_5")
+        return format_tool_calls([from_env_action(action)], "xml")
 
     def set_weights(self, model, version):
         self.weight_version = version

@@ -25,7 +25,7 @@ ONE_STEP = {"warm_start.enabled": False, "train.rounds": 1, "train.gate_every": 
 
 class BuyNowEngine(ScriptedEngine):
     def __init__(self, tokenizer):
-        reply = format_tool_calls([from_env_action("click[buy now]")], "qwen3_5")
+        reply = format_tool_calls([from_env_action("click[buy now]")], "xml")
         super().__init__(lambda s: tokenizer.encode(s, add_special_tokens=False), lambda session, ids: reply,
                          tokenizer.convert_tokens_to_ids(IM_END))
 
