@@ -1,4 +1,5 @@
-"""The study's protocol on a dense Qwen3-4B (JSON tool calls, no DeltaNet layers).
+"""The study's protocol on a dense Qwen3-4B (JSON tool calls, no DeltaNet layers: both follow
+from the checkpoint's config.json, so only the path changes).
 
     intraskill train --config=configs/qwen3_4b.py --workdir=... --config.policy.path=/ckpt/Qwen3-4B
 
@@ -26,5 +27,4 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c = base.get_config(preset)
     c.name = c.name.replace("qwen3_5_4b", "qwen3_4b")
     c.policy.path = "/path/to/Qwen3-4B"
-    c.agent.family = "qwen3"
     return c

@@ -29,7 +29,6 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.sim.splits.num_test = 400
     c.sim.splits.num_validation = 200
     c.sim.env.reward = "strict"
-    c.agent.family = "qwen3_5"
     c.agent.max_turns = 20
     c.agent.max_context_tokens = 16384
     c.rollout.engine = "sglang"

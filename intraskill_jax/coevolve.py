@@ -69,10 +69,12 @@ class Coevolution:
         """The loop on the starting policy at `policy_path` (see `start`); constructing it loads the
         policy and restores the newest checkpoint, it trains nothing. `engine` replaces the
         configured rollout engine (e.g. a scripted policy in a test)."""
-        self.config, self.workdir, self.world = config, Path(workdir), world
+        self.workdir, self.world = Path(workdir), world
         self.progress = as_progress(progress)
         self.workdir.mkdir(parents=True, exist_ok=True)
         _check_config_unchanged(config, self.workdir)
+        # The agent's tool-call format follows the policy's model family (its config.json).
+        self.config = config = config.for_policy(policy_path)
         self.lang = config.sim.catalog.lang
         self.policy_path = Path(policy_path)
         self.tokenizer = load_tokenizer(self.policy_path, config.agent)
@@ -111,7 +113,8 @@ class Coevolution:
             world = world or build_world(config.sim)
             base = prepare_policy(config, workdir, world)
             bar.update()
-        policy_path = warm_start(config, workdir, base, world, progress=progress)
+        # The warm start keeps the base's family, so the agent's tool-call format is read once.
+        policy_path = warm_start(config.for_policy(base), workdir, base, world, progress=progress)
         return cls(config, workdir, policy_path, world=world, progress=progress, mesh=mesh, engine=engine)
 
     # -- state -------------------------------------------------------------------------------------

@@ -114,13 +114,15 @@ def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condit
         raise ValueError(f"eval.num_tasks={config.eval.num_tasks} but the test split has {len(tasks)} tasks")
     # Resolve everything before playing anything: a missing policy fails in seconds, not an hour in.
     paths = {c.policy: policy_path(config, workdir, c.policy, world) for c in conditions}
+    # Each policy's agent speaks its own family's tool calls (a mismatch with the config fails here).
+    policy_configs = {policy: config.for_policy(path) for policy, path in paths.items()}
     banks = {c.skill: skill_bank(config, workdir, c.skill) for c in conditions}
     rows: list[dict[str, Any]] = []
     engine: RolloutEngine | None = None
     bar = progress.stage("evaluation", len(conditions) * len(tasks), unit="episode")
     for version, policy in enumerate(dict.fromkeys(c.policy for c in conditions)):
         path = paths[policy]
-        tokenizer = load_tokenizer(path, config.agent)
+        tokenizer = load_tokenizer(path, policy_configs[policy].agent)
         # The model is loaded only for an engine that samples in process; a server loads `path`.
         weights = WeightUpdate.published(version, path, functools.partial(load_policy, config, path))
         if engine is None:
@@ -131,8 +133,8 @@ def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condit
             bank = banks[cond.skill]
             mask = None if bank is None else (cond.mask if cond.mask is not None else bank.full_mask())
             ctx = SkillContext(bank.render(mask, lang), mask) if bank is not None else SkillContext()
-            trajs = play(engine, world, tokenizer, config, tasks, [ctx] * len(tasks), config.eval.sampling,
-                         prefix=f"eval-{cond.name}", seed=(config.eval.seed, 0))
+            trajs = play(engine, world, tokenizer, policy_configs[policy], tasks, [ctx] * len(tasks),
+                         config.eval.sampling, prefix=f"eval-{cond.name}", seed=(config.eval.seed, 0))
             for t in trajs:
                 rows.append({**rundir.episode_record(t), "condition": cond.name,
                              "policy": policy if policy in ("base", "trained") else str(path),

@@ -161,7 +161,7 @@ def _command(command: str, config: runconfig.RunConfig, workdir: Path, progress:
             world = build_world(config.sim)
             base = prepare_policy(config, workdir, world)
             bar.update()
-        out = warm_start(config, workdir, base, world, progress=progress)
+        out = warm_start(config.for_policy(base), workdir, base, world, progress=progress)
         progress.close()
         print(out)
     elif command == "train":

@@ -24,6 +24,7 @@ from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.rollout.base import RolloutEngine, SamplingParams
 from intraskill_jax.runconfig import RunConfig, resolve_repo_path
 from intraskill_jax.skills.bank import SkillBank
+from intraskill_jax.tokenization import ToolFormat
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,11 @@ log = logging.getLogger(__name__)
 def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path:
     """The HF directory of the starting policy: `policy.path`, or a fresh model under `<workdir>/base/`.
 
-    The fresh model is a Qwen3.5-architecture network with random weights and a byte-level BPE
+    The fresh model is `ModelConfig.tiny_qwen3_5` under `policy.init` (a Qwen3.5-architecture
+    network unless `init` names another family) with random weights and a byte-level BPE
     tokenizer trained on the simulator's text (titles, instructions, the skill bank, the tool
-    prompt), saved exactly as a downloaded checkpoint would be.
+    prompt) whose template writes the family's tool calls, saved exactly as a downloaded
+    checkpoint would be.
     """
     if config.policy.path:
         path = resolve_repo_path(config.policy.path)
@@ -45,22 +48,25 @@ def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path
         return base
     from flax import nnx
 
-    from intraskill_jax.models import ModelConfig, causal_lm_class
+    from intraskill_jax.models import ModelConfig, get_family
     from intraskill_jax.models.params import save_pretrained
     from intraskill_jax.tokenization import train_tokenizer
 
-    tokenizer = train_tokenizer(_corpus(config, world), vocab_size=config.policy.tokenizer_vocab_size, family="qwen3_5",
-                                template=config.policy.chat_template)
-    model_config = ModelConfig.tiny_qwen3_5(**{**config.policy.init, "vocab_size": len(tokenizer)})
-    model = causal_lm_class(model_config)(model_config, rngs=nnx.Rngs(config.train.seed))
+    model_config = ModelConfig.tiny_qwen3_5(**config.policy.init)
+    family = get_family(model_config.family)
+    tokenizer = train_tokenizer(_corpus(config, world, family.tool_format), config.policy.tokenizer_vocab_size,
+                                tool_format=family.tool_format, template=config.policy.chat_template)
+    model_config = model_config.replace(vocab_size=len(tokenizer))
+    model = family.model_class(model_config, rngs=nnx.Rngs(config.train.seed))
     rundir.publish_dir(base, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     log.info("fresh policy (%d parameters, vocab %d) saved to %s", n_params, len(tokenizer), base)
     return base
 
 
-def _corpus(config: RunConfig, world: World, episodes: int = 300) -> list[str]:
-    """What the policy will read and write: prompts, skill text, oracle episodes' pages and calls."""
+def _corpus(config: RunConfig, world: World, tool_format: ToolFormat, episodes: int = 300) -> list[str]:
+    """What the policy will read and write: prompts, skill text, oracle episodes' pages and calls
+    (written in `tool_format`)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     from sim.policies import OraclePolicy
@@ -74,7 +80,7 @@ def _corpus(config: RunConfig, world: World, episodes: int = 300) -> list[str]:
     # pages beside it. Special tokens are single ids already, so they are not corpus text.
     rendered, _ = render_jinja_template(
         [[{"role": "system", "content": system_prompt(lang, mode, bank.render(bank.full_mask(), lang))}]],
-        tools=tools_for(mode), chat_template=chat_template("qwen3_5", config.policy.chat_template),
+        tools=tools_for(mode), chat_template=chat_template(tool_format, config.policy.chat_template),
         add_generation_prompt=True)
     system = rendered[0]
     for token in SPECIAL_TOKENS:
@@ -88,7 +94,7 @@ def _corpus(config: RunConfig, world: World, episodes: int = 300) -> list[str]:
         texts.append(result.observation)
         while not result.done:
             action = policy.act(env, result.observation)
-            texts.append(format_tool_calls([from_env_action(action)], "qwen3_5"))
+            texts.append(format_tool_calls([from_env_action(action)], tool_format))
             result = env.step(action)
             texts.append(result.observation)
     return texts
@@ -105,13 +111,13 @@ def load_policy(config: RunConfig, path: str | Path, mesh: Any = None) -> Any:
 
 def load_tokenizer(path: str | Path, agent: AgentConfig) -> Any:
     """The HF tokenizer at `path`, its chat template checked against the agent loop's rendering
-    under `agent` (family, thinking) before any rollout: raises ChatTemplateError if they differ."""
+    under `agent` (tool-call format, thinking) before any rollout: raises ChatTemplateError if they differ."""
     from transformers import AutoTokenizer
 
     from intraskill_jax.tokenization import check_template
 
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    check_template(tokenizer, family=agent.family, enable_thinking=agent.enable_thinking)
+    check_template(tokenizer, tool_format=agent.tool_format, enable_thinking=agent.enable_thinking)
     return tokenizer
 
 

@@ -9,7 +9,8 @@ each section checks its own fields and `RunConfig` the rules that span sections,
 Sections (each the dataclass of the part it configures):
   policy    where the policy comes from (an HF directory, or a fresh tiny model built here)
   sim       the simulator (sim.config.SimConfig)
-  agent     episode limits and chat format (agent.episode.AgentConfig)
+  agent     episode limits and rendering (agent.episode.AgentConfig); the tool-call format follows
+            the policy's model family (`RunConfig.for_policy`)
   rollout   the engine (embedded JAX sampler or an SGLang server) and sampling
   sft       the supervised warm start on oracle demonstrations
   train     GRPO: rounds x gate_every steps, groups, optimizer, loss (rl.learner.TrainConfig, which
@@ -35,6 +36,7 @@ from sim.config import SimConfig
 
 from intraskill_jax.agent.episode import AgentConfig
 from intraskill_jax.errors import ConfigError
+from intraskill_jax.models.params import checkpoint_family
 from intraskill_jax.models.sharding import MeshConfig
 from intraskill_jax.rl.learner import TrainConfig
 from intraskill_jax.rl.sft import SFTConfig
@@ -210,6 +212,17 @@ class RunConfig:
             if used and n > size:
                 raise ConfigError(f"{field}={n} but the {split} split has sim.splits.num_{split}={size} tasks; "
                                   "lower the first or raise the second")
+
+    def for_policy(self, path: str | Path) -> RunConfig:
+        """This config completed by the policy at `path` (an HF directory): the agent writes and
+        parses tool calls in the format of the model family its config.json names."""
+        family = checkpoint_family(path)
+        chosen = self.agent.tool_format
+        if chosen is not None and chosen != family.tool_format:
+            raise ConfigError(f"agent.tool_format={chosen!r} but the policy at {path} is model family {family.name!r}, "
+                              f"whose tool calls are {family.tool_format!r}; drop agent.tool_format (it follows the "
+                              "policy) or load a policy that writes that format")
+        return dataclasses.replace(self, agent=dataclasses.replace(self.agent, tool_format=family.tool_format))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

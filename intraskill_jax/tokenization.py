@@ -1,4 +1,10 @@
-"""Chat rendering and tool calls for Qwen3.5 (XML-style calls) and Qwen3 (JSON calls).
+"""Chat rendering and tool calls in the two formats of the Qwen families.
+
+A `ToolFormat` names how a chat template writes tool calls: 'xml' (Qwen3.5:
+`<function=NAME><parameter=KEY>value</parameter></function>`) or 'json' (Qwen3, Hermes-style:
+`{"name": NAME, "arguments": {...}}`), each inside `<tool_call>` tags. A model family names its
+format (`models/families.py`); everything here is keyed by the format, so two families that write
+calls alike share one, and this module needs nothing from the models.
 
 Episodes are token-in-token-out: the prompt is rendered once by the tokenizer's own chat template
 (`prompt_ids`), sampled ids are kept verbatim, and each later turn *appends* the ids of
@@ -24,9 +30,10 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-Family = Literal["qwen3_5", "qwen3"]
+ToolFormat = Literal["xml", "json"]
+TOOL_FORMATS: tuple[ToolFormat, ...] = get_args(ToolFormat)
 TemplateStyle = Literal["full", "compact"]
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -99,11 +106,11 @@ def from_env_action(action: str) -> ToolCall:
 # -- rendering ----------------------------------------------------------------------------------
 
 
-def format_tool_calls(calls: Sequence[ToolCall], family: Family) -> str:
+def format_tool_calls(calls: Sequence[ToolCall], tool_format: ToolFormat) -> str:
     """The text an assistant turn uses for its calls (what the template renders after content)."""
     blocks = []
     for call in calls:
-        if family == "qwen3_5":
+        if tool_format == "xml":
             params = "".join(
                 f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
                 for k, v in call.arguments.items()
@@ -122,12 +129,12 @@ class ChatTemplateError(ValueError):
 def _render(messages: Sequence[Mapping[str, Any]], *, tokenizer: Any, add_generation_prompt: bool,
             enable_thinking: bool, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
     """`messages` as text, rendered by the tokenizer's chat template (without a tokenizer: the
-    project's qwen3_5 template, whose turns after the system turn are those of every family)."""
+    project's XML-call template, whose turns after the system turn are those of every format)."""
     tools = list(tools) if tools is not None else None
     if tokenizer is None:
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        rendered, _ = render_jinja_template([list(messages)], tools=tools, chat_template=chat_template("qwen3_5"),
+        rendered, _ = render_jinja_template([list(messages)], tools=tools, chat_template=chat_template("xml"),
                                             add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
         return rendered[0]
     return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
@@ -182,7 +189,7 @@ def _template_of(tokenizer: Any) -> str:
 def _no_end_of_turn(tokenizer: Any) -> ChatTemplateError:
     return ChatTemplateError(f"{_template_of(tokenizer)} does not end assistant turns with {IM_END}, the token the agent "
                              "loop stops sampling at; use a ChatML template such as "
-                             "intraskill_jax.tokenization.chat_template(family)")
+                             "intraskill_jax.tokenization.chat_template(tool_format)")
 
 
 def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -197,7 +204,7 @@ def _history_changed(sampled: str, rendered: str, tokenizer: Any, subject: str, 
     only around non-empty reasoning)."""
     i = _first_difference(sampled, rendered)
     fix = ("save a template that renders history as sampled as the checkpoint's chat_template.jinja "
-           "(intraskill_jax.tokenization.chat_template(family) is one)")
+           "(intraskill_jax.tokenization.chat_template(tool_format) is one)")
     if sampled.rfind(THINK, 0, i + len(THINK)) > sampled.rfind(THINK_END, 0, i):
         what = f"it drops the {THINK} block (the reasoning) of {subject} {when}"
         if may_think:
@@ -224,14 +231,14 @@ _PROBE_TURNS: tuple[tuple[str, tuple[ToolCall, ...], tuple[str, ...]], ...] = (
 )
 
 
-def check_template(tokenizer: Any, *, family: Family, enable_thinking: bool) -> None:
+def check_template(tokenizer: Any, *, tool_format: ToolFormat, enable_thinking: bool) -> None:
     """Raises ChatTemplateError unless the agent loop's rendering equals the template's, token for token.
 
     Renders a probe tool-use episode two ways: as the agent loop builds it (the prompt, each
     assistant turn as a policy samples it after the generation prompt, then the appended tool
     responses and the next generation prompt) and as one `apply_chat_template` of the whole
     conversation. Deciding by rendering covers templates never seen here. Also checks that the
-    template writes tool calls `family` parses and, when thinking, renders a turn's reasoning.
+    template writes tool calls in `tool_format` and, when thinking, renders a turn's reasoning.
     Cheap (a few renders): call it when a tokenizer is loaded, before any rollout.
     """
     from jinja2.exceptions import TemplateError
@@ -250,12 +257,12 @@ def check_template(tokenizer: Any, *, family: Family, enable_thinking: bool) -> 
             if enable_thinking:
                 turn["reasoning_content"] = _PROBE_REASONING
             sampled = _sampled_turn(tokenizer, messages, turn, tools, enable_thinking)
-            reply = parse_reply(sampled, family)
+            reply = parse_reply(sampled, tool_format)
             if reply.calls != calls:
                 raise ChatTemplateError(
-                    f"{where} writes tool calls as {sampled!r}, which agent.family={family!r} does not parse "
-                    f"({reply.error or 'different calls'}); set agent.family to the checkpoint's family "
-                    "('qwen3_5': XML calls, 'qwen3': JSON calls)")
+                    f"{where} writes tool calls as {sampled!r}, which the {tool_format!r} format of the "
+                    f"checkpoint's model family does not parse ({reply.error or 'different calls'}); the template "
+                    "and config.json disagree: fix the checkpoint's chat template or its model_type")
             if enable_thinking and _PROBE_REASONING not in sampled:
                 raise ChatTemplateError(
                     f"{where} does not render an assistant turn's reasoning ({sampled!r}), so with "
@@ -273,7 +280,7 @@ def check_template(tokenizer: Any, *, family: Family, enable_thinking: bool) -> 
         full_ids = prompt_ids(tokenizer, messages, tools=tools, enable_thinking=enable_thinking)
     except TemplateError as e:
         raise ChatTemplateError(f"{where} cannot render a tool-use conversation ({e}); use a template with tool "
-                                "and tool-response turns, such as intraskill_jax.tokenization.chat_template(family)") from None
+                                "and tool-response turns, such as intraskill_jax.tokenization.chat_template(tool_format)") from None
     if text != full:  # e.g. appended turns that depend on the conversation before them
         raise ChatTemplateError(_history_changed(text, full, tokenizer, "a turn", "in one render of the whole "
                                                  "conversation", may_think=not enable_thinking))
@@ -315,7 +322,7 @@ _XML_FUNCTION = re.compile(r"^\s*<function=([^>\n]+)>\s*(.*?)\s*</function>\s*$"
 _XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
 
-def parse_reply(text: str, family: Family) -> ParsedReply:
+def parse_reply(text: str, tool_format: ToolFormat) -> ParsedReply:
     """Parses one assistant turn (special tokens decoded, think block and <|im_end|> allowed).
 
     Never raises: malformed markup becomes `error`, which the agent loop turns into an error
@@ -335,7 +342,7 @@ def parse_reply(text: str, family: Family) -> ParsedReply:
     calls = []
     for block in blocks:
         try:
-            calls.append(_parse_xml(block) if family == "qwen3_5" else _parse_json(block))
+            calls.append(_parse_xml(block) if tool_format == "xml" else _parse_json(block))
         except ValueError as e:
             return ParsedReply(content, (), str(e))
     return ParsedReply(content, tuple(calls))
@@ -374,7 +381,7 @@ def _parse_json(block: str) -> ToolCall:
 # -- templates for tokenizers built here --------------------------------------------------------
 
 _TOOLS_PREAMBLE = {
-    "qwen3_5": (
+    "xml": (
         "# Tools\n\nYou have access to the following functions:\n\n<tools>"
         "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
         "To call a function, reply with exactly this format and nothing after it:\n\n"
@@ -385,7 +392,7 @@ _TOOLS_PREAMBLE = {
         "- You may reason before the call, never after it.\n"
         "- If no function fits, answer normally.\n</IMPORTANT>"
     ),
-    "qwen3": (
+    "json": (
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
         "The functions are listed inside <tools></tools>:\n<tools>"
         "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
@@ -398,21 +405,21 @@ _TOOLS_PREAMBLE = {
 # The compact preamble lists each tool as name(required parameters) and shows the call format
 # once: ~40 tokens instead of ~300, for small policies whose context is short (the CPU quickstart).
 _CALL_FORMAT = {
-    "qwen3_5": "<tool_call>\\n<function=NAME>\\n<parameter=ARGUMENT>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>",
-    "qwen3": "<tool_call>\\n{\"name\": NAME, \"arguments\": {ARGUMENT: value}}\\n</tool_call>",
+    "xml": "<tool_call>\\n<function=NAME>\\n<parameter=ARGUMENT>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>",
+    "json": "<tool_call>\\n{\"name\": NAME, \"arguments\": {ARGUMENT: value}}\\n</tool_call>",
 }
 
 
-def _compact_preamble(family: Family) -> str:
+def _compact_preamble(tool_format: ToolFormat) -> str:
     return (
         "{{- 'Tools: ' }}{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool %}"
         "{{- f.name + '(' + (f.parameters.required | join(', ')) + ')' }}{%- if not loop.last %}{{- ', ' }}{%- endif %}"
-        "{%- endfor %}{{- '. Call one per turn as:\\n" + _CALL_FORMAT[family] + "' }}"
+        "{%- endfor %}{{- '. Call one per turn as:\\n" + _CALL_FORMAT[tool_format] + "' }}"
     )
 
 
-def _assistant_calls(family: Family) -> str:
-    if family == "qwen3_5":
+def _assistant_calls(tool_format: ToolFormat) -> str:
+    if tool_format == "xml":
         return (
             "{%- for tc in message.tool_calls %}{%- set f = tc.function if tc.function is defined else tc %}"
             "{%- if loop.first %}{%- if content %}{{ '\\n\\n' }}{%- endif %}{%- else %}{{ '\\n' }}{%- endif %}"
@@ -429,17 +436,18 @@ def _assistant_calls(family: Family) -> str:
     )
 
 
-def chat_template(family: Family, style: TemplateStyle = "full") -> str:
-    """A Jinja chat template in the family's documented format (ChatML turns, tools in the system
-    turn, tool results inside user turns, a think block holding `reasoning_content` on every
-    assistant turn, empty without it), under which appending renders history as sampled.
+def chat_template(tool_format: ToolFormat, style: TemplateStyle = "full") -> str:
+    """A Jinja chat template writing tool calls in `tool_format`, as the families document it
+    (ChatML turns, tools in the system turn, tool results inside user turns, a think block holding
+    `reasoning_content` on every assistant turn, empty without it), under which appending renders
+    history as sampled.
 
     `style='compact'` shortens only the tool preamble of the system turn (see `_compact_preamble`);
     every turn after it, and so every sampled or appended token, is the same in both styles.
     """
     if style not in ("full", "compact"):
         raise ValueError(f"template style must be 'full' or 'compact', got {style!r}")
-    preamble = _TOOLS_PREAMBLE[family] if style == "full" else _compact_preamble(family)
+    preamble = _TOOLS_PREAMBLE[tool_format] if style == "full" else _compact_preamble(tool_format)
     return (
         "{%- if messages[0].role == 'system' %}{%- set sys = messages[0].content | trim %}{%- set rest = messages[1:] %}"
         "{%- else %}{%- set sys = '' %}{%- set rest = messages %}{%- endif %}"
@@ -450,7 +458,7 @@ def chat_template(family: Family, style: TemplateStyle = "full") -> str:
         "{%- if message.role == 'user' %}{{ '<|im_start|>user\\n' + (message.content | trim) + '<|im_end|>\\n' }}"
         "{%- elif message.role == 'assistant' %}{%- set content = (message.content or '') | trim %}"
         "{{ '<|im_start|>assistant\\n<think>\\n' + ((message.reasoning_content or '') | trim) + '\\n</think>\\n\\n' + content }}"
-        "{%- if message.tool_calls %}" + _assistant_calls(family) + "{%- endif %}{{ '<|im_end|>\\n' }}"
+        "{%- if message.tool_calls %}" + _assistant_calls(tool_format) + "{%- endif %}{{ '<|im_end|>\\n' }}"
         "{%- elif message.role == 'tool' %}"
         "{%- if loop.first or rest[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
         "{{ '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
@@ -467,9 +475,9 @@ QWEN_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p
                       r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def train_tokenizer(texts, vocab_size: int, family: Family = "qwen3_5", template: TemplateStyle = "full"):
-    """Trains a byte-level BPE tokenizer on `texts` with the family's special tokens and template
-    (`chat_template(family, template)`).
+def train_tokenizer(texts, vocab_size: int, tool_format: ToolFormat = "xml", template: TemplateStyle = "full"):
+    """Trains a byte-level BPE tokenizer on `texts` with the Qwen special tokens and the template
+    `chat_template(tool_format, template)`.
 
     Returns a `transformers.PreTrainedTokenizerFast` (save it with `save_pretrained`), so a model
     built here loads through exactly the path a real checkpoint uses.
@@ -498,6 +506,6 @@ def train_tokenizer(texts, vocab_size: int, family: Family = "qwen3_5", template
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (IM_END, ENDOFTEXT)],
-        chat_template=chat_template(family, template),
+        chat_template=chat_template(tool_format, template),
         clean_up_tokenization_spaces=False,
     )

@@ -40,13 +40,16 @@ CORPUS = [
 ] * 20
 
 
+FORMAT = {"qwen3_5": "xml", "qwen3": "json"}  # each family's tool-call format (models/families.py)
+
+
 def tokenizer_with(template: str, family: str):
     """A tokenizer built here (Qwen special tokens plus the vision ones) carrying `template`:
     'qwen3_5' / 'qwen3' are the test templates of the real checkpoints' structure, 'project' the
     project's own template of `family`."""
-    tok = train_tokenizer(CORPUS, vocab_size=500, family=family)
+    tok = train_tokenizer(CORPUS, vocab_size=500, tool_format=FORMAT[family])
     tok.add_tokens(VISION_TOKENS, special_tokens=True)
-    tok.chat_template = chat_template(family) if template == "project" else (TEMPLATES / f"{template}.jinja").read_text()
+    tok.chat_template = chat_template(FORMAT[family]) if template == "project" else (TEMPLATES / f"{template}.jinja").read_text()
     return tok
 
 
@@ -110,10 +113,10 @@ def play(tok, family, thinking, separator):
         if thinking:
             opened = tok.decode(ids, skip_special_tokens=False).endswith("<think>\n")
             reply = ("" if opened else "<think>\n") + reasoning + "\n</think>\n\n"
-        return reply + content + (separator if content else "") + format_tool_calls(calls, family)
+        return reply + content + (separator if content else "") + format_tool_calls(calls, FORMAT[family])
 
     engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), script, tok.convert_tokens_to_ids(IM_END))
-    config = AgentConfig(family=family, enable_thinking=thinking, show_affordances=False)
+    config = AgentConfig(tool_format=FORMAT[family], enable_thinking=thinking, show_affordances=False)
     traj = run_episodes(engine, [ScriptedShop()], tok, [EpisodeSpec(0)], SamplingParams(max_new_tokens=200), config)[0]
     return traj, seen
 
@@ -149,7 +152,7 @@ INCREMENTAL = [  # (template, family, enable_thinking, separator between content
 @pytest.mark.parametrize("template, family, thinking, separator", INCREMENTAL)
 def test_agent_loop_feeds_the_engine_what_apply_chat_template_renders(template, family, thinking, separator):
     tok = tokenizer_with(template, family)
-    check_template(tok, family=family, enable_thinking=thinking)
+    check_template(tok, tool_format=FORMAT[family], enable_thinking=thinking)
     traj, seen = play(tok, family, thinking, separator)
     messages, before_turn = conversation(thinking)
     assert traj.done and traj.success and traj.repairs == 0 and len(seen) == len(TURNS) == 3
@@ -175,7 +178,7 @@ def test_multimodal_prompt_renders_incrementally():
     start = tok.convert_tokens_to_ids("<|vision_start|>")
     assert ids[ids.index(start):ids.index(start) + 3] == [start, pad, tok.convert_tokens_to_ids("<|vision_end|>")]
     call = ToolCall("search", {"keywords": "blue latex pillow"})
-    ids += tok.encode(format_tool_calls([call], "qwen3_5") + IM_END, add_special_tokens=False)
+    ids += tok.encode(format_tool_calls([call], "xml") + IM_END, add_special_tokens=False)
     ids += tok.encode(continuation_text(tool_responses=["Page 1 [SEP] B0001"], tokenizer=tok), add_special_tokens=False)
     messages += [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "search",
                                                                                   "arguments": dict(call.arguments)}}]},
@@ -204,8 +207,8 @@ VARIANTS = {
     ("latest_assistant", "qwen3_5", True, r"drops the <think> block .* of an earlier assistant turn when a later one "
                                           r"follows.*Fix: save a template"),
     ("numbered_responses", "qwen3_5", False, r"renders a turn differently in one render of the whole conversation"),
-    ("qwen3", "qwen3_5", True, r"writes tool calls as .* agent\.family='qwen3_5' does not parse"),
-    ("qwen3_5", "qwen3", False, r"writes tool calls as .* agent\.family='qwen3' does not parse"),
+    ("qwen3", "qwen3_5", True, r"writes tool calls as .* the 'xml' format .* does not parse"),
+    ("qwen3_5", "qwen3", False, r"writes tool calls as .* the 'json' format .* does not parse"),
 ])
 def test_templates_that_cannot_render_incrementally_are_refused(template, family, thinking, message):
     tok = tokenizer_with("qwen3_5" if template in VARIANTS else template, family)
@@ -214,15 +217,15 @@ def test_templates_that_cannot_render_incrementally_are_refused(template, family
         assert tok.chat_template.count(old) == 1
         tok.chat_template = tok.chat_template.replace(old, new)
     with pytest.raises(ChatTemplateError, match=message):
-        check_template(tok, family=family, enable_thinking=thinking)
+        check_template(tok, tool_format=FORMAT[family], enable_thinking=thinking)
 
 
 def test_a_template_that_ignores_reasoning_is_refused_when_thinking():
     tok = tokenizer_with("project", "qwen3_5")
     tok.chat_template = tok.chat_template.replace("(message.reasoning_content or '')", "''")
-    check_template(tok, family="qwen3_5", enable_thinking=False)
+    check_template(tok, tool_format="xml", enable_thinking=False)
     with pytest.raises(ChatTemplateError, match=r"does not render an assistant turn's reasoning.*enable_thinking=False"):
-        check_template(tok, family="qwen3_5", enable_thinking=True)
+        check_template(tok, tool_format="xml", enable_thinking=True)
 
 
 def test_the_loop_itself_refuses_a_template_that_rewrites_history():
@@ -257,6 +260,6 @@ def test_checkpoint_template_is_checked_when_the_tokenizer_is_loaded(tmp_path):
 
     tokenizer_with("qwen3", "qwen3").save_pretrained(tmp_path)
     with pytest.raises(ChatTemplateError, match=f"chat template of {tmp_path}.*drops the <think> block"):
-        load_tokenizer(tmp_path, AgentConfig(family="qwen3"))
-    tok = load_tokenizer(tmp_path, AgentConfig(family="qwen3", enable_thinking=True))
+        load_tokenizer(tmp_path, AgentConfig(tool_format="json"))
+    tok = load_tokenizer(tmp_path, AgentConfig(tool_format="json", enable_thinking=True))
     assert "<tool_response>" in tok.chat_template

@@ -55,7 +55,7 @@ class ChunkSensitiveEngine(ScriptedEngine):
             self.plans[session] = policy if coin < p else None
         policy = self.plans[session]
         action = policy.act(env, "") if policy is not None else "click[buy now]"
-        return format_tool_calls([from_env_action(action)], "qwen3_5")
+        return format_tool_calls([from_env_action(action)], "xml")
 
 
 @pytest.fixture
@@ -98,8 +98,8 @@ def test_two_rounds_keep_the_helpful_chunk_and_retire_the_harmful_one(toy_bank, 
     monkeypatch.setattr(episode, "run_episodes", with_envs(episode.run_episodes))  # under run_groups
     config = toy_config(toy_bank)
     workdir = tmp_path / "run"
-    tokenizer = policy.load_tokenizer(policy.prepare_policy(config, workdir, build_world(config.sim)),
-                                        config.agent)
+    base = policy.prepare_policy(config, workdir, build_world(config.sim))
+    tokenizer = policy.load_tokenizer(base, config.for_policy(base).agent)
     holder["engine"] = ChunkSensitiveEngine(tokenizer)
     run = coevolve.Coevolution.start(config, workdir, progress=False, engine=holder["engine"])
     try:

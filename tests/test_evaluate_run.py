@@ -46,7 +46,7 @@ def evaluated(tmp_path_factory):
                                                      for x, k in zip(leaves, keys)]))
     final = workdir / "hf" / "final"  # where `evaluate` reads the trained policy
     save_pretrained(trained, final)
-    load_tokenizer(base, config.agent).save_pretrained(final)
+    load_tokenizer(base, config.for_policy(base).agent).save_pretrained(final)
 
     s0 = SkillBank.load(resolve_repo_path(config.skills.initial))
     s0.save_round(workdir)
@@ -80,7 +80,7 @@ def _sampled_logprob(model, tokenizer, traj) -> float:
 
 def test_each_condition_is_sampled_by_the_policy_it_names(evaluated):
     config, _, base, final, _, _, _, played = evaluated
-    tokenizer = load_tokenizer(base, config.agent)
+    tokenizer = load_tokenizer(base, config.for_policy(base).agent)
     models = {"base": load_policy(config, base), "trained": load_policy(config, final)}
     for name, trajs in played.items():
         own, other = ("trained", "base") if name.startswith("trained") else ("base", "trained")
@@ -93,7 +93,7 @@ def test_each_condition_is_sampled_by_the_policy_it_names(evaluated):
 
 def test_skill_prompts_hold_the_named_banks_active_chunks_and_bare_prompts_none(evaluated):
     config, _, base, _, s0, s1, rows, played = evaluated
-    tokenizer = load_tokenizer(base, config.agent)
+    tokenizer = load_tokenizer(base, config.for_policy(base).agent)
     lang = config.sim.catalog.lang
     every_chunk = {c.id: c.text(lang).strip() for c in s0.chunks}
     expect = {"base_skill": s0, "trained_skill": s1}

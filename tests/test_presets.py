@@ -25,7 +25,7 @@ ONE_STEP = {"warm_start.enabled": False, "train.rounds": 1, "train.gate_every": 
 
 class BuyNowEngine(ScriptedEngine):
     def __init__(self, tokenizer):
-        reply = format_tool_calls([from_env_action("click[buy now]")], "qwen3_5")
+        reply = format_tool_calls([from_env_action("click[buy now]")], "xml")
         super().__init__(lambda s: tokenizer.encode(s, add_special_tokens=False), lambda session, ids: reply,
                          tokenizer.convert_tokens_to_ids(IM_END))
 
@@ -41,7 +41,7 @@ def shared(tmp_path_factory):
     config = preset_config("coevolve")
     world = build_world(config.sim)
     base = policy.prepare_policy(config, tmp_path_factory.mktemp("policy"), world)
-    return world, base, policy.load_tokenizer(base, config.agent)
+    return world, base, policy.load_tokenizer(base, config.for_policy(base).agent)
 
 
 def one_step(preset, shared, workdir):

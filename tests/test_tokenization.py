@@ -23,14 +23,14 @@ CORPUS = [
 ] * 20
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3"])
+@pytest.fixture(scope="module", params=["xml", "json"])
 def tokenizer(request):
-    tok = train_tokenizer(CORPUS, vocab_size=600, family=request.param)
-    tok.family = request.param
+    tok = train_tokenizer(CORPUS, vocab_size=600, tool_format=request.param)
+    tok.tool_format = request.param
     return tok
 
 
-def conversation(family):
+def conversation(tool_format):
     calls = [ToolCall("search", {"keywords": "latex kids pillow"})]
     second = [ToolCall("click", {"value": "140586786076"}), ToolCall("ask_shopper", {"question": "which color?"})]
     return [
@@ -46,15 +46,15 @@ def conversation(family):
 
 
 def test_incremental_rendering_equals_apply_chat_template(tokenizer):
-    family = tokenizer.family
-    messages, calls, second = conversation(family)
+    tool_format = tokenizer.tool_format
+    messages, calls, second = conversation(tool_format)
     messages = messages[:-1]  # ends with tool responses; a user turn is tested below
     tools = tools_for("multi")
     ids = tokenizer.apply_chat_template(messages[:2], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
     # The sampler produces the assistant text and stops on <|im_end|>; those ids are kept verbatim.
-    ids += tokenizer.encode("Let me search.\n\n" + format_tool_calls(calls, family) + IM_END, add_special_tokens=False)
+    ids += tokenizer.encode("Let me search.\n\n" + format_tool_calls(calls, tool_format) + IM_END, add_special_tokens=False)
     ids += tokenizer.encode(continuation_text(tool_responses=[messages[3]["content"]]), add_special_tokens=False)
-    ids += tokenizer.encode(format_tool_calls(second, family) + IM_END, add_special_tokens=False)
+    ids += tokenizer.encode(format_tool_calls(second, tool_format) + IM_END, add_special_tokens=False)
     ids += tokenizer.encode(continuation_text(tool_responses=["item page", "Shopper: blue, please."]), add_special_tokens=False)
     want = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert ids == want
@@ -62,11 +62,11 @@ def test_incremental_rendering_equals_apply_chat_template(tokenizer):
 
 
 def test_user_continuation_matches_template(tokenizer):
-    messages, calls, _ = conversation(tokenizer.family)
+    messages, calls, _ = conversation(tokenizer.tool_format)
     msgs = messages[:3] + [{"role": "user", "content": "  Please hurry.  "}]
     want = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
     ids = tokenizer.apply_chat_template(messages[:2], add_generation_prompt=True, tokenize=True, return_dict=False)
-    ids += tokenizer.encode("Let me search.\n\n" + format_tool_calls(calls, tokenizer.family) + IM_END, add_special_tokens=False)
+    ids += tokenizer.encode("Let me search.\n\n" + format_tool_calls(calls, tokenizer.tool_format) + IM_END, add_special_tokens=False)
     ids += tokenizer.encode(continuation_text(user="  Please hurry.  "), add_special_tokens=False)
     assert ids == want
 
@@ -78,28 +78,28 @@ def test_tools_are_rendered_in_the_system_turn(tokenizer):
     assert "ask_shopper" not in text
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
-def test_parse_round_trips_formatted_calls(family):
+@pytest.mark.parametrize("tool_format", ["xml", "json"])
+def test_parse_round_trips_formatted_calls(tool_format):
     calls = (ToolCall("click", {"value": "buy now"}), ToolCall("search", {"keywords": "乳胶 枕头 [kids]"}))
-    reply = parse_reply("<think>\nhmm\n</think>\n\nI will buy.\n\n" + format_tool_calls(calls, family) + IM_END, family)
+    reply = parse_reply("<think>\nhmm\n</think>\n\nI will buy.\n\n" + format_tool_calls(calls, tool_format) + IM_END, tool_format)
     assert reply.error is None and reply.calls == calls and reply.content == "I will buy."
     assert [to_env_action(c) for c in reply.calls] == ["click[buy now]", "search[乳胶 枕头 [kids]]"]
 
 
 @pytest.mark.parametrize(
-    "family, text, error",
+    "tool_format, text, error",
     [
-        ("qwen3_5", "just talking", "no tool call"),
-        ("qwen3_5", "<tool_call>\n<function=click>\n<parameter=value>\nx\n</parameter>\n", "unterminated"),
-        ("qwen3_5", "<tool_call>\n<function=click>\nvalue=x\n</function>\n</tool_call>", "unexpected text"),
-        ("qwen3_5", "<tool_call>{\"name\": \"click\"}</tool_call>", "expected <function=NAME>"),
-        ("qwen3", "<tool_call>\n{\"name\": \"click\", \"arguments\": {\"value\": \"x\"}\n</tool_call>", "invalid JSON"),
-        ("qwen3", "<tool_call>\n[1, 2]\n</tool_call>", "expected {"),
-        ("qwen3", "<tool_call>\n{\"name\": \"click\", \"arguments\": \"oops\"}\n</tool_call>", "not a JSON object"),
+        ("xml", "just talking", "no tool call"),
+        ("xml", "<tool_call>\n<function=click>\n<parameter=value>\nx\n</parameter>\n", "unterminated"),
+        ("xml", "<tool_call>\n<function=click>\nvalue=x\n</function>\n</tool_call>", "unexpected text"),
+        ("xml", "<tool_call>{\"name\": \"click\"}</tool_call>", "expected <function=NAME>"),
+        ("json", "<tool_call>\n{\"name\": \"click\", \"arguments\": {\"value\": \"x\"}\n</tool_call>", "invalid JSON"),
+        ("json", "<tool_call>\n[1, 2]\n</tool_call>", "expected {"),
+        ("json", "<tool_call>\n{\"name\": \"click\", \"arguments\": \"oops\"}\n</tool_call>", "not a JSON object"),
     ],
 )
-def test_malformed_calls_become_errors_not_exceptions(family, text, error):
-    reply = parse_reply(text, family)
+def test_malformed_calls_become_errors_not_exceptions(tool_format, text, error):
+    reply = parse_reply(text, tool_format)
     assert reply.calls == () and error in reply.error
 
 
@@ -123,12 +123,12 @@ def test_pretokenizer_is_qwens_split():
     assert decoded == regex.findall(QWEN_SPLIT_PATTERN, text)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3"])
-def test_product_ids_tokenize_alike_on_pages_and_in_calls(tokenizer, family):
+@pytest.mark.parametrize("tool_format", ["xml", "json"])
+def test_product_ids_tokenize_alike_on_pages_and_in_calls(tokenizer, tool_format):
     """The policy copies an id from a results page into a call: both must be the same tokens."""
     pid = "140586786076"
     page = tokenizer.encode(f"Next > [SEP] {pid} [SEP] Veden pillow", add_special_tokens=False)
-    call = tokenizer.encode(format_tool_calls([ToolCall("click", {"value": pid})], family), add_special_tokens=False)
+    call = tokenizer.encode(format_tool_calls([ToolCall("click", {"value": pid})], tool_format), add_special_tokens=False)
     digits = [tokenizer.convert_tokens_to_ids(d) for d in pid]
     assert all(isinstance(d, int) and d != tokenizer.unk_token_id for d in digits)
 

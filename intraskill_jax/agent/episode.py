@@ -22,7 +22,8 @@ from intraskill_jax.rollout.base import GenerateRequest, RolloutEngine, Sampling
 from intraskill_jax.tokenization import (
     CONTROL_MARKUP,
     IM_END,
-    Family,
+    TOOL_FORMATS,
+    ToolFormat,
     continuation_text,
     parse_reply,
     prompt_ids,
@@ -36,7 +37,9 @@ class AgentConfig:
     """Episode limits and rendering.
 
     Attributes:
-      family: chat/tool-call format of the policy ('qwen3_5' XML calls, 'qwen3' JSON calls).
+      tool_format: how the policy writes tool calls ('xml' Qwen3.5, 'json' Qwen3). A run config
+        leaves it unset: it follows the policy's model family, read from its config.json when
+        the policy is loaded (`RunConfig.for_policy`); a value set there must agree.
       enable_thinking: the chat template's thinking switch (Qwen: the generation prompt opens a
         think block for the policy to fill, or writes an empty one). `tokenization.check_template`
         refuses a template that would drop the reasoning from history under the chosen setting.
@@ -46,7 +49,7 @@ class AgentConfig:
       show_affordances: append ShopSimulator's "search available / clickable buttons" lines.
     """
 
-    family: Family = "qwen3_5"
+    tool_format: ToolFormat | None = None
     enable_thinking: bool = False
     max_turns: int = 20
     max_context_tokens: int = 8192
@@ -54,8 +57,8 @@ class AgentConfig:
     show_affordances: bool = True
 
     def __post_init__(self) -> None:
-        if self.family not in ("qwen3_5", "qwen3"):
-            raise ValueError(f"family must be 'qwen3_5' or 'qwen3', got {self.family!r}")
+        if self.tool_format not in (None, *TOOL_FORMATS):
+            raise ValueError(f"agent.tool_format must be one of {TOOL_FORMATS} (or unset), got {self.tool_format!r}")
         if self.max_turns < 1 or self.max_context_tokens < 64 or self.max_observation_chars < 100:
             raise ValueError("need max_turns >= 1, max_context_tokens >= 64, max_observation_chars >= 100")
 
@@ -138,6 +141,9 @@ def run_episodes(
     """
     if len(envs) != len(specs):
         raise ValueError(f"need one env per episode: {len(envs)} envs for {len(specs)} specs")
+    if config.tool_format is None:
+        raise ValueError("agent.tool_format is unset: take it from the policy (RunConfig.for_policy(path) "
+                         "reads its family from config.json) or name the policy's format")
     if sampling.max_new_tokens >= config.max_context_tokens:
         raise ValueError(
             f"sampling.max_new_tokens ({sampling.max_new_tokens}) must be below agent.max_context_tokens "
@@ -207,7 +213,7 @@ def _advance(env: Env, traj: Trajectory, completion: Any, tokenizer: Any, sampli
     turn = Turn(generated_tokens=len(completion.token_ids))
     traj.turns.append(turn)
     text = tokenizer.decode(completion.token_ids, skip_special_tokens=False)
-    reply = parse_reply(text, config.family)
+    reply = parse_reply(text, config.tool_format)
     if completion.finish_reason == "length":
         reply = dataclasses.replace(reply, calls=(), error=f"reply cut at {sampling.max_new_tokens} tokens")
     responses: list[str] = []

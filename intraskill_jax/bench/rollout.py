@@ -39,7 +39,7 @@ from sim.world import build_world
 from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
 from intraskill_jax.agent.trajectory import Trajectory, collate
 from intraskill_jax.bench.model import SIZES
-from intraskill_jax.models import causal_lm_class
+from intraskill_jax.models import get_family
 from intraskill_jax.models.params import save_pretrained
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl.train_step import OptimConfig, grpo_step, init_train_state, make_optimizer, train_batch
@@ -120,11 +120,14 @@ def _setup(episodes: int, turns: int, new_tokens: int, size: str):
                                   splits=SplitConfig(num_test=100, num_validation=50)))
     texts = [world.catalog[i].title for i in range(0, len(world.catalog), 2)]
     texts += [world.catalog.tasks[i].instruction for i in range(0, len(world.catalog), 5)]
-    tok = train_tokenizer(texts, vocab_size=4096)
-    cfg = dataclasses.replace(SIZES[size][0](), vocab_size=len(tok))
-    model = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
+    cfg = SIZES[size][0]()
+    family = get_family(cfg.family)
+    tok = train_tokenizer(texts, vocab_size=4096, tool_format=family.tool_format)
+    cfg = dataclasses.replace(cfg, vocab_size=len(tok))
+    model = family.model_class(cfg, rngs=nnx.Rngs(0))
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(tok.convert_tokens_to_ids(IM_END),))
-    agent = AgentConfig(max_turns=turns, max_context_tokens=32768, max_observation_chars=2000)
+    agent = AgentConfig(tool_format=family.tool_format, max_turns=turns, max_context_tokens=32768,
+                        max_observation_chars=2000)
     return world, tok, model, sampling, agent, [int(t) for t in world.splits.test[:episodes]]
 
 

@@ -1,30 +1,26 @@
-"""Text-model configuration for Qwen3.5 (Gated DeltaNet hybrid) and Qwen3 dense.
+"""Text-model configuration: one frozen dataclass, `ModelConfig`, for every model family.
 
-One frozen dataclass, `ModelConfig`, whose architecture fields carry the HuggingFace names
-(`hidden_size`, `linear_num_value_heads`, ...) so a reader can match each one to `config.json`.
-`ModelConfig.from_hf_dict` accepts the three layouts we meet in the wild:
-
-* `qwen3_5` (`Qwen3_5ForConditionalGeneration`): architecture under `text_config`; the vision
-  tower is ignored (logged);
-* `qwen3_5_text` (`Qwen3_5ForCausalLM` saves);
-* `qwen3` (dense Qwen3).
+Its architecture fields carry the HuggingFace names (`hidden_size`, `linear_num_value_heads`, ...)
+so a reader can match each one to `config.json`. `family` names the registered family
+(`models/families.py`) that owns the rest: what it fixes in the decoder stack, how its config.json
+reads and writes (`from_hf_dict` / `to_hf_dict` pick the family by `model_type`; the fields every
+family reads alike are `hf_text_fields` / `hf_text_dict` here), its model class and key map.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import jax
 import jax.numpy as jnp
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from intraskill_jax.models.decoder import Architecture
 
-Family = Literal["qwen3_5", "qwen3"]
 LayerType = Literal["linear_attention", "full_attention"]
 DType = Literal["float32", "bfloat16"]
 RematPolicy = Literal["none", "full", "dots_saveable"]
@@ -32,6 +28,14 @@ RematPolicy = Literal["none", "full", "dots_saveable"]
 _LAYER_TYPES = ("linear_attention", "full_attention")
 _DTYPES = ("float32", "bfloat16")
 _REMAT = ("none", "full", "dots_saveable")
+# The Gated DeltaNet sizes, required once a layer is 'linear_attention'.
+LINEAR_ATTENTION_FIELDS = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
 
 
 def default_dtype() -> DType:
@@ -41,15 +45,17 @@ def default_dtype() -> DType:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Architecture and numerics of a Qwen3.5 / Qwen3 text model.
+    """Architecture and numerics of a text model of a registered family.
 
     Attributes:
-      family: 'qwen3_5' (zero-centred (1+w) norms, gated attention, partial RoPE, Gated DeltaNet
-        layers) or 'qwen3' (plain w norms, no output gate, full RoPE, attention only).
+      family: a name in `models/families.py` ('qwen3_5': zero-centred (1+w) norms, gated
+        attention, partial RoPE, Gated DeltaNet layers; 'qwen3': plain w norms, no output gate,
+        full RoPE, attention only). Its `Architecture` fixes what the sizes below do not.
       vocab_size .. rms_norm_eps: as in HF `config.json`.
       rope_theta: `rope_parameters.rope_theta` (or legacy top-level `rope_theta`).
       partial_rotary_factor: fraction of head_dim that is rotated (Qwen3.5: 0.25).
-      layer_types: one of 'linear_attention' / 'full_attention' per layer.
+      layer_types: one of 'linear_attention' / 'full_attention' per layer; empty: the family's
+        pattern (`Architecture.full_attention_interval`).
       linear_*: Gated DeltaNet sizes (ignored when no layer is 'linear_attention').
       tie_word_embeddings: when true there is no `lm_head.weight`; logits use the embedding.
       attention_bias: biases on q/k/v/o projections (HF field; false for released models).
@@ -65,7 +71,7 @@ class ModelConfig:
         a time, skipping the masked upper triangle (faster on CPU, which has no fused kernel).
     """
 
-    family: Family
+    family: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -96,11 +102,12 @@ class ModelConfig:
     attention_block_size: int = 0
 
     def __post_init__(self) -> None:
-        if self.family not in ("qwen3_5", "qwen3"):
-            raise ValueError(f"family must be 'qwen3_5' or 'qwen3'; got {self.family!r}.")
+        architecture = self.architecture  # an unknown family fails here
         if not self.layer_types:
             object.__setattr__(
-                self, "layer_types", default_layer_types(self.family, self.num_hidden_layers)
+                self,
+                "layer_types",
+                layer_pattern(self.num_hidden_layers, architecture.full_attention_interval),
             )
         else:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
@@ -132,8 +139,11 @@ class ModelConfig:
         bad = sorted({t for t in self.layer_types if t not in _LAYER_TYPES})
         if bad:
             raise ValueError(f"Unsupported layer_types {bad}; supported: {list(_LAYER_TYPES)}.")
-        if self.family == "qwen3" and "linear_attention" in self.layer_types:
-            raise ValueError("Qwen3 dense has only 'full_attention' layers; set family='qwen3_5'.")
+        if architecture.linear_attention is None and self.has_linear_attention:
+            raise ValueError(
+                f"family {self.family!r} has only 'full_attention' layers, but layer_types has "
+                "'linear_attention'; drop them or pick a family with linear attention."
+            )
         if not 0.0 < self.partial_rotary_factor <= 1.0:
             raise ValueError(
                 f"partial_rotary_factor must be in (0, 1]; got {self.partial_rotary_factor}."
@@ -143,13 +153,7 @@ class ModelConfig:
                 f"rotary dim int(head_dim * partial_rotary_factor) = {self.rotary_dim} must be even."
             )
         if self.has_linear_attention:
-            for name in (
-                "linear_num_key_heads",
-                "linear_num_value_heads",
-                "linear_key_head_dim",
-                "linear_value_head_dim",
-                "linear_conv_kernel_dim",
-            ):
+            for name in LINEAR_ATTENTION_FIELDS:
                 value = getattr(self, name)
                 if not isinstance(value, int) or value <= 0:
                     raise ValueError(
@@ -177,14 +181,19 @@ class ModelConfig:
         return "linear_attention" in self.layer_types
 
     @property
+    def architecture(self) -> Architecture:
+        """What the family fixes in the decoder stack (its model class's `architecture`)."""
+        return _registry().get_family(self.family).architecture
+
+    @property
     def zero_centered_norm(self) -> bool:
-        """Qwen3.5 norms compute x̂·(1+w); Qwen3 norms compute x̂·w."""
-        return self.family == "qwen3_5"
+        """Norms compute x̂·(1+w) (Qwen3.5) rather than x̂·w (Qwen3)."""
+        return self.architecture.zero_centered_norm
 
     @property
     def attn_output_gate(self) -> bool:
-        """Qwen3.5 attention multiplies its output by sigmoid(gate) (HF always builds it)."""
-        return self.family == "qwen3_5"
+        """Attention multiplies its output by sigmoid(gate) (Qwen3.5; HF always builds it)."""
+        return self.architecture.attn_output_gate
 
     @property
     def rotary_dim(self) -> int:
@@ -212,8 +221,10 @@ class ModelConfig:
     # ----------------------------------------------------------------- HF interop
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
-        """Builds the config from a parsed HF `config.json`; `overrides` set our own fields."""
-        return cls(**{**_fields_from_hf(hf), **overrides})
+        """Builds the config from a parsed HF `config.json` (the family its `model_type` names);
+        `overrides` set our own fields."""
+        family = _registry().family_for_hf(hf)
+        return cls(**{"family": family.name, **family.fields_from_hf(hf), **overrides})
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> ModelConfig:
@@ -233,50 +244,13 @@ class ModelConfig:
         return cls.from_hf_dict(hf, **overrides)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A text-only HF config dict (`qwen3_5_text` or `qwen3`) describing this architecture."""
-        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
-        out: dict[str, Any] = {
-            "model_type": "qwen3_5_text" if self.family == "qwen3_5" else "qwen3",
-            "architectures": [
-                "Qwen3_5ForCausalLM" if self.family == "qwen3_5" else "Qwen3ForCausalLM"
-            ],
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias,
-            "initializer_range": self.initializer_range,
-            "layer_types": list(self.layer_types),
-            "pad_token_id": self.pad_token_id,
-            "eos_token_id": (
-                list(self.eos_token_ids)
-                if len(self.eos_token_ids) > 1
-                else (self.eos_token_ids[0] if self.eos_token_ids else None)
-            ),
-            "rope_parameters": rope,
+        """A text-only HF config dict (the family's first `model_type`) describing this model."""
+        family = _registry().get_family(self.family)
+        return {
+            "model_type": family.model_types[0],
+            "architectures": [family.architectures[0]],
+            **family.to_hf(self),
         }
-        if self.family == "qwen3_5":
-            rope["partial_rotary_factor"] = self.partial_rotary_factor
-            # Text-only positions make the three M-RoPE rows equal; the section only has to sum to
-            # rotary_dim / 2 for HF to accept it.
-            half = self.rotary_dim // 2
-            rope["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
-            rope["mrope_interleaved"] = True
-            out.update(
-                linear_num_key_heads=self.linear_num_key_heads,
-                linear_num_value_heads=self.linear_num_value_heads,
-                linear_key_head_dim=self.linear_key_head_dim,
-                linear_value_head_dim=self.linear_value_head_dim,
-                linear_conv_kernel_dim=self.linear_conv_kernel_dim,
-            )
-        return out
 
     # ----------------------------------------------------------------- presets
     @classmethod
@@ -325,7 +299,7 @@ class ModelConfig:
 
     @classmethod
     def qwen3_5_4b(cls, **overrides: Any) -> ModelConfig:
-        """Qwen3.5-4B text model (reference §3.2); weights come from the checkpoint."""
+        """The Qwen3.5-4B text model's architecture (its config.json); weights come from the checkpoint."""
         base = {
             "family": "qwen3_5",
             "vocab_size": 248320,
@@ -351,111 +325,108 @@ class ModelConfig:
         return cls(**{**base, **overrides})
 
 
-def default_layer_types(
-    family: Family, num_layers: int, full_attention_interval: int = 4
-) -> tuple[LayerType, ...]:
-    """Qwen3.5: every `full_attention_interval`-th layer (3, 7, ...) is full attention."""
-    if family == "qwen3":
-        return ("full_attention",) * num_layers
+def layer_pattern(num_layers: int, full_attention_interval: int) -> tuple[LayerType, ...]:
+    """Every `full_attention_interval`-th layer (3, 7, ... for 4) is full attention, the rest linear."""
     return tuple(
         "full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention"
         for i in range(num_layers)
     )
 
 
-def _fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
-    model_type = hf.get("model_type")
-    eos: list[int] = []
-    top = hf
-    if model_type == "qwen3_5":
-        if "text_config" not in hf:
-            raise ValueError(
-                "config.json has model_type 'qwen3_5' but no text_config; "
-                "pass the Qwen3_5ForConditionalGeneration config unmodified."
-            )
-        if hf.get("vision_config"):
-            logger.info("Ignoring vision_config: only the Qwen3.5 text model is built.")
-        eos += _as_list(hf.get("eos_token_id"))
-        hf = dict(hf["text_config"])
-        model_type = hf.get("model_type", "qwen3_5_text")
-    if model_type == "qwen3_5_text":
-        family: Family = "qwen3_5"
-    elif model_type == "qwen3":
-        family = "qwen3"
-    else:
-        raise ValueError(
-            f"Unsupported model_type {model_type!r}; supported: 'qwen3_5' (with text_config), "
-            "'qwen3_5_text' and 'qwen3'. MoE variants (qwen3_5_moe, qwen3_next) are not built."
-        )
+def _registry() -> Any:
+    # Imported late: the registry imports every family's model, and those import this module.
+    from intraskill_jax.models import families
 
-    def need(key: str) -> Any:
-        if key not in hf:
-            raise ValueError(f"HF config ({model_type}) lacks required field {key!r}.")
-        return hf[key]
+    return families
 
-    act = hf.get("hidden_act", "silu")
+
+def hf_field(hf: Mapping[str, Any], key: str, model_type: str) -> Any:
+    """A field config.json must have; a clear error naming it when it is absent."""
+    if key not in hf:
+        raise ValueError(f"HF config ({model_type}) lacks required field {key!r}.")
+    return hf[key]
+
+
+def hf_text_fields(
+    text: Mapping[str, Any],
+    top: Mapping[str, Any],
+    *,
+    model_type: str,
+    partial_rotary_factor: float,
+) -> dict[str, Any]:
+    """The `ModelConfig` fields every family reads alike from its text config `text`.
+
+    `top` is the whole config.json: a multimodal wrapper (text model under `text_config`) or
+    `text` itself. `partial_rotary_factor` is the family's value when config.json names none.
+    The family adds `layer_types` and its own fields.
+    """
+    act = text.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act {act!r} is not supported; Qwen models use 'silu'.")
-    if hf.get("use_sliding_window"):
+    if text.get("use_sliding_window"):
         raise ValueError("use_sliding_window=true is not supported; Qwen3 releases disable it.")
 
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise ValueError(f"rope_type {rope_type!r} is not supported; only 'default' RoPE is built.")
-    theta = rope.get("rope_theta", hf.get("rope_theta"))
+    theta = rope.get("rope_theta", text.get("rope_theta"))
     if theta is None:
         raise ValueError(
             f"HF config ({model_type}) has no rope_theta in rope_parameters or top level."
         )
-    default_partial = 0.25 if family == "qwen3_5" else 1.0
-    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", default_partial))
-
-    num_layers = need("num_hidden_layers")
-    heads = need("num_attention_heads")
-    layer_types = hf.get("layer_types")
-    if family == "qwen3":
-        if layer_types and any(t != "full_attention" for t in layer_types):
-            raise ValueError(
-                "Qwen3 layer_types other than 'full_attention' (sliding) are not supported."
-            )
-        layer_types = None
-    elif not layer_types:
-        layer_types = default_layer_types(family, num_layers, hf.get("full_attention_interval", 4))
-
-    eos = eos + _as_list(hf.get("eos_token_id"))  # the wrapper's (chat) EOS first
-    fields: dict[str, Any] = {
-        "family": family,
-        "vocab_size": need("vocab_size"),
-        "hidden_size": need("hidden_size"),
-        "intermediate_size": need("intermediate_size"),
-        "num_hidden_layers": num_layers,
+    partial = rope.get(
+        "partial_rotary_factor", text.get("partial_rotary_factor", partial_rotary_factor)
+    )
+    heads = hf_field(text, "num_attention_heads", model_type)
+    hidden = hf_field(text, "hidden_size", model_type)
+    # The wrapper's (chat) EOS first; a text-only config is its own wrapper, deduplicated below.
+    eos = _as_list(top.get("eos_token_id")) + _as_list(text.get("eos_token_id"))
+    return {
+        "vocab_size": hf_field(text, "vocab_size", model_type),
+        "hidden_size": hidden,
+        "intermediate_size": hf_field(text, "intermediate_size", model_type),
+        "num_hidden_layers": hf_field(text, "num_hidden_layers", model_type),
         "num_attention_heads": heads,
-        "num_key_value_heads": hf.get("num_key_value_heads") or heads,
-        "head_dim": hf.get("head_dim") or need("hidden_size") // heads,
-        "rms_norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+        "num_key_value_heads": text.get("num_key_value_heads") or heads,
+        "head_dim": text.get("head_dim") or hidden // heads,
+        "rms_norm_eps": float(text.get("rms_norm_eps", 1e-6)),
         "rope_theta": float(theta),
         "partial_rotary_factor": float(partial),
-        "max_position_embeddings": hf.get("max_position_embeddings", 32768),
-        "layer_types": tuple(layer_types) if layer_types else (),
+        "max_position_embeddings": text.get("max_position_embeddings", 32768),
         # The VLM wrapper owns the lm_head, so its top-level flag wins over text_config's.
         "tie_word_embeddings": bool(
-            top.get("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+            top.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         ),
-        "attention_bias": bool(hf.get("attention_bias", False)),
-        "initializer_range": float(hf.get("initializer_range", 0.02)),
-        "pad_token_id": hf.get("pad_token_id", top.get("pad_token_id")),
+        "attention_bias": bool(text.get("attention_bias", False)),
+        "initializer_range": float(text.get("initializer_range", 0.02)),
+        "pad_token_id": text.get("pad_token_id", top.get("pad_token_id")),
         "eos_token_ids": tuple(dict.fromkeys(eos)),
     }
-    if family == "qwen3_5":
-        fields.update(
-            linear_num_key_heads=need("linear_num_key_heads"),
-            linear_num_value_heads=need("linear_num_value_heads"),
-            linear_key_head_dim=need("linear_key_head_dim"),
-            linear_value_head_dim=need("linear_value_head_dim"),
-            linear_conv_kernel_dim=need("linear_conv_kernel_dim"),
-        )
-    return fields
+
+
+def hf_text_dict(config: ModelConfig) -> dict[str, Any]:
+    """The config.json fields every family writes alike (`hf_text_fields` reads them back)."""
+    eos = config.eos_token_ids
+    return {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "attention_bias": config.attention_bias,
+        "initializer_range": config.initializer_range,
+        "layer_types": list(config.layer_types),
+        "pad_token_id": config.pad_token_id,
+        "eos_token_id": list(eos) if len(eos) > 1 else (eos[0] if eos else None),
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+    }
 
 
 def _as_list(value: Any) -> list[int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from intraskill_jax.models.qwen3_5 import CausalLM
+from intraskill_jax.models.decoder import CausalLM
 
 SAVE_LOGITS_BYTES = 256 << 20
 

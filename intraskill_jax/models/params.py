@@ -1,9 +1,9 @@
-"""HuggingFace safetensors in and out of sharded NNX state.
+"""HuggingFace safetensors in and out of sharded NNX state, for every registered family.
 
-NNX attribute names and parameter layouts equal HF's (see `models/qwen3_5.py`), so the key map is
-a prefix rule: the multimodal `Qwen3_5ForConditionalGeneration` layout stores the text model under
-`model.language_model.`, the text-only layouts (`Qwen3_5ForCausalLM`, `Qwen3ForCausalLM`) under
-`model.`. Every key in a checkpoint is either mapped onto a parameter or matched by `SKIP_PATTERNS`.
+The checkpoint's config.json names the family (`models/families.py`); the family's `KeyMap`
+(`models/<family>/params.py`) maps each checkpoint key onto a parameter path or skips it, and
+anything neither mapped nor skipped is an error. A config.json with a `text_config` is a
+multimodal wrapper's layout (the family's `KeyMap.wrapped_prefix`).
 
 Loading never holds a full host copy per device: each file is memory-mapped and
 `jax.make_array_from_callback` asks for exactly the slice each device owns. The header is parsed
@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -32,22 +31,14 @@ from safetensors.numpy import save_file
 from intraskill_jax.errors import CheckpointError
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.models.config import ModelConfig
-from intraskill_jax.models.qwen3 import Qwen3ForCausalLM
-from intraskill_jax.models.qwen3_5 import CausalLM, Qwen3_5ForCausalLM
+from intraskill_jax.models.decoder import CausalLM
+from intraskill_jax.models.families import family_for_hf, get_family
+from intraskill_jax.models.family import Family, KeyMap
 
 logger = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-MULTIMODAL_PREFIX = "model.language_model."
-TEXT_PREFIX = "model."
-
-# Keys that exist in HF checkpoints but have no counterpart in the text policy.
-SKIP_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"^model\.visual\."),  # vision tower of Qwen3_5ForConditionalGeneration
-    re.compile(r"^mtp\."),  # multi-token-prediction head
-    re.compile(r"(^|\.)rotary_emb\.inv_freq$"),  # recomputed buffer in older exports
-)
 
 _DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -168,6 +159,15 @@ def read_hf_config(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not valid JSON ({e}).") from e
 
 
+def checkpoint_family(directory: str | Path) -> Family:
+    """The model family of the HF checkpoint in `directory`, from its config.json."""
+    hf_config = read_hf_config(directory)
+    try:
+        return family_for_hf(hf_config)
+    except ValueError as e:
+        raise CheckpointError(f"{Path(directory) / 'config.json'}: {e}") from None
+
+
 def is_multimodal(hf_config: Mapping[str, Any]) -> bool:
     return "text_config" in hf_config
 
@@ -184,34 +184,23 @@ def _tied(hf_config: Mapping[str, Any]) -> bool:
     )
 
 
-def to_model_key(hf_key: str) -> str | None:
-    """The NNX path (dot-joined) for a checkpoint key, or None when a skip pattern matches."""
-    if any(p.search(hf_key) for p in SKIP_PATTERNS):
-        return None
-    if hf_key.startswith(MULTIMODAL_PREFIX):
-        return TEXT_PREFIX + hf_key[len(MULTIMODAL_PREFIX) :]
-    return hf_key
-
-
-def to_hf_key(model_key: str, multimodal: bool) -> str:
-    if multimodal and model_key.startswith(TEXT_PREFIX):
-        return MULTIMODAL_PREFIX + model_key[len(TEXT_PREFIX) :]
-    return model_key
-
-
 def _path_key(path: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in path)
 
 
 def _map_records(
-    records: Mapping[str, TensorRecord], wanted: Mapping[str, Any], tied: bool, where: Path
+    records: Mapping[str, TensorRecord],
+    wanted: Mapping[str, Any],
+    tied: bool,
+    keys: KeyMap,
+    where: Path,
 ) -> dict[str, TensorRecord]:
     """Match checkpoint keys to model keys; raise on anything missing, unexpected or misshapen."""
     mapped: dict[str, TensorRecord] = {}
     skipped: list[str] = []
     unexpected: list[str] = []
     for hf_key, record in records.items():
-        key = to_model_key(hf_key)
+        key = keys.to_model_key(hf_key)
         if key is None or (tied and key == "lm_head.weight" and key not in wanted):
             skipped.append(hf_key)
         elif key in wanted:
@@ -272,8 +261,9 @@ def load_state(
     graphdef, abstract = sharding_lib.abstract_model(factory, mesh, rules)
     params, _ = nnx.split_state(abstract, nnx.Param, ...)
     flat = {_path_key(path): var for path, var in nnx.to_flat_state(params)}
+    keys = family_for_hf(hf_config).keys
     mapped = _map_records(
-        records, {k: v.get_value() for k, v in flat.items()}, _tied(hf_config), directory
+        records, {k: v.get_value() for k, v in flat.items()}, _tied(hf_config), keys, directory
     )
     loaded = [
         (path, var.replace(_load_array(mapped[_path_key(path)], var.get_value(), var.get_value().sharding)))
@@ -290,11 +280,11 @@ def load_state(
 
 
 def _iter_export(
-    model: nnx.Module, multimodal: bool, dtype: Any | None
+    model: nnx.Module, keys: KeyMap, multimodal: bool, dtype: Any | None
 ) -> Iterator[tuple[str, jax.Array]]:
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         value = var.get_value()
-        yield to_hf_key(_path_key(path), multimodal), value.astype(dtype) if dtype else value
+        yield keys.to_hf_key(_path_key(path), multimodal), value.astype(dtype) if dtype else value
 
 
 def _host(value: jax.Array | np.ndarray) -> np.ndarray:
@@ -324,12 +314,18 @@ def save_pretrained(
         are copied from it unchanged, so SGLang or transformers get a complete checkpoint.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     hf_config = model.config.to_hf_dict() if hf_config is None else hf_config
+    family = get_family(model.config.family)
     multimodal = is_multimodal(hf_config)
+    if multimodal and family.keys.wrapped_prefix is None:
+        raise ValueError(
+            f"hf_config has a text_config (a multimodal layout), but family {family.name!r} has "
+            "no multimodal wrapper; save with its own config (hf_config=None)."
+        )
+    directory.mkdir(parents=True, exist_ok=True)
     entries: list[tuple[str, Callable[[], np.ndarray], int]] = []
     bytes_by_dtype: dict[np.dtype, int] = {}
-    for key, value in _iter_export(model, multimodal, dtype):
+    for key, value in _iter_export(model, family.keys, multimodal, dtype):
         nbytes = value.size * np.dtype(value.dtype).itemsize
         bytes_by_dtype[np.dtype(value.dtype)] = (
             bytes_by_dtype.get(np.dtype(value.dtype), 0) + nbytes
@@ -337,7 +333,7 @@ def save_pretrained(
         entries.append((key, lambda v=value: _host(v), nbytes))
     if source is not None:
         for key, record in read_checkpoint(source).items():
-            if to_model_key(key) is None:
+            if family.keys.to_model_key(key) is None:
                 entries.append((key, record.view, record.end - record.start))
 
     shards: list[list[tuple[str, Callable[[], np.ndarray]]]] = [[]]
@@ -390,7 +386,8 @@ def load_pretrained(
     rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES,
     **config_overrides: Any,
 ) -> CausalLM:
-    """Load a HF Qwen3.5 (multimodal or text-only) or Qwen3 checkpoint directory.
+    """Load a HF checkpoint directory of a registered family (Qwen3.5 multimodal or text-only,
+    Qwen3).
 
     Args:
       path: directory with `config.json` and `model.safetensors` (or an index and its shards).
@@ -409,5 +406,5 @@ def load_pretrained(
     if param_dtype is not None:
         overrides["param_dtype"] = np.dtype(param_dtype).name
     config = ModelConfig.from_hf_dict(read_hf_config(path), **overrides)
-    cls = Qwen3_5ForCausalLM if config.family == "qwen3_5" else Qwen3ForCausalLM
+    cls = get_family(config.family).model_class
     return load_state(path, lambda: cls(config, rngs=nnx.Rngs(0)), mesh=mesh, rules=rules)

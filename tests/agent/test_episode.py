@@ -23,11 +23,11 @@ def world():
                                  splits=SplitConfig(num_test=60, num_validation=20)))
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3"])
+@pytest.fixture(scope="module", params=["xml", "json"])
 def tok(request, world):
     texts = [world.catalog[i].title for i in range(0, 1200, 3)] + [world.catalog.tasks[i].instruction for i in range(0, 1200, 7)]
-    t = train_tokenizer(texts * 2, vocab_size=800, family=request.param)
-    t.family = request.param
+    t = train_tokenizer(texts * 2, vocab_size=800, tool_format=request.param)
+    t.tool_format = request.param
     return t
 
 
@@ -38,7 +38,7 @@ def envs_for(world, n, **env):
 @pytest.mark.parametrize("env_kw", [{}, {"mode": "multi", "persona": True, "enforce_confirmation": True}])
 def test_oracle_demonstrations_succeed_and_masks_cover_exactly_the_sampled_replies(world, tok, env_kw):
     specs = [EpisodeSpec(int(t), group=k // 4) for k, t in enumerate(world.splits.test[:12])]
-    cfg = AgentConfig(family=tok.family)
+    cfg = AgentConfig(tool_format=tok.tool_format)
     trajs = oracle_demonstrations(envs_for(world, len(specs), **env_kw), tok, specs, cfg)
     assert np.mean([t.success for t in trajs]) >= 0.95
     for t in trajs:
@@ -58,7 +58,7 @@ def test_oracle_demonstrations_succeed_and_masks_cover_exactly_the_sampled_repli
         for span, turn in zip(spans, t.turns):
             text = tok.decode(span, skip_special_tokens=False)
             assert text.endswith(IM_END)
-            assert parse_reply(text, tok.family).calls[0].name == turn.tool
+            assert parse_reply(text, tok.tool_format).calls[0].name == turn.tool
             assert turn.generated_tokens == len(span)
 
 
@@ -73,7 +73,7 @@ def test_malformed_replies_are_repairs_and_turn_limit_ends_with_zero_reward(worl
         return garbage[n["i"] % len(garbage)]
 
     engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), script, stop)
-    cfg = AgentConfig(family=tok.family, max_turns=7)
+    cfg = AgentConfig(tool_format=tok.tool_format, max_turns=7)
     trajs = run_episodes(engine, envs_for(world, 3), tok, [EpisodeSpec(int(t)) for t in world.splits.test[:3]],
                          SamplingParams(max_new_tokens=64), cfg)
     for t in trajs:
@@ -88,10 +88,10 @@ def test_context_limit_and_reply_length_limit(world, tok):
     engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), lambda s, i: long, stop)
     specs = [EpisodeSpec(int(world.splits.test[0]))]
     t = run_episodes(engine, envs_for(world, 1), tok, specs, SamplingParams(max_new_tokens=32),
-                     AgentConfig(family=tok.family, max_turns=50))[0]
+                     AgentConfig(tool_format=tok.tool_format, max_turns=50))[0]
     assert t.turns[0].repair.startswith("reply cut at 32 tokens") and t.turns[0].generated_tokens == 32
     t = run_episodes(engine, envs_for(world, 1), tok, specs, SamplingParams(max_new_tokens=2000),
-                     AgentConfig(family=tok.family, max_context_tokens=2400))[0]
+                     AgentConfig(tool_format=tok.tool_format, max_context_tokens=2400))[0]
     assert t.truncated == "context" and len(t.token_ids) <= 2400
 
 
@@ -99,14 +99,14 @@ def test_skill_text_and_mask_are_recorded_and_empty_skill_is_the_bare_prompt(wor
     assert system_prompt("en", "single", "") == system_prompt("en", "single")
     assert "Compare prices." in system_prompt("en", "single", "Compare prices.")
     specs = [EpisodeSpec(int(world.splits.test[0]), group=3, context=SkillContext("Compare prices.", (1, 0, 1)))]
-    t = oracle_demonstrations(envs_for(world, 1), tok, specs, AgentConfig(family=tok.family))[0]
+    t = oracle_demonstrations(envs_for(world, 1), tok, specs, AgentConfig(tool_format=tok.tool_format))[0]
     assert t.skill_mask == (1, 0, 1) and t.group == 3
     assert "Compare prices." in tok.decode(t.token_ids[: t.prompt_length])
 
 
 def test_collate_buckets_and_aligns(world, tok):
     specs = [EpisodeSpec(int(t)) for t in world.splits.test[:4]]
-    trajs = oracle_demonstrations(envs_for(world, 4), tok, specs, AgentConfig(family=tok.family))
+    trajs = oracle_demonstrations(envs_for(world, 4), tok, specs, AgentConfig(tool_format=tok.tool_format))
     batch = collate(trajs, pad_id=tok.pad_token_id)
     L = batch["tokens"].shape[1]
     assert L == bucket_length(max(len(t.token_ids) for t in trajs)) and L % 128 == 0

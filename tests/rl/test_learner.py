@@ -51,7 +51,7 @@ class MixedEngine(ScriptedEngine):
         if i % 2 == 0:
             return "hmm"
         policy, env = self.policies[session]
-        return format_tool_calls([from_env_action(policy.act(env, ""))], "qwen3_5")
+        return format_tool_calls([from_env_action(policy.act(env, ""))], "xml")
 
     def update_weights(self, weights):
         super().update_weights(weights)
@@ -66,7 +66,7 @@ def world_tok():
     chat = [system_prompt(env.lang, env.config.mode, SKILL), json.dumps(tools_for(env.config.mode)),
             continuation_text(tool_responses=["Error: no tool call"])]
     tasks = world.catalog.tasks
-    calls = [format_tool_calls([ToolCall("search", {"keywords": tasks[i].instruction})], "qwen3_5")
+    calls = [format_tool_calls([ToolCall("search", {"keywords": tasks[i].instruction})], "xml")
              for i in range(0, len(tasks), max(1, len(tasks) // 100))]
     tok = train_tokenizer([world.catalog[i].title for i in range(0, 1200, 2)] + chat * 20 + calls, vocab_size=1500)
     return world, tok
@@ -115,7 +115,8 @@ def make(world, tok, workdir, engine, steps=3):
         config=TrainConfig(rounds=1, gate_every=steps, groups_per_step=1, group_size=2, checkpoint_every=2,
                            optim=OptimConfig(learning_rate=1e-3), loss=LossConfig()),
         sampling=SamplingParams(temperature=1.0, max_new_tokens=96),
-        agent=AgentConfig(max_turns=20, max_context_tokens=2048, max_observation_chars=100, show_affordances=False),
+        agent=AgentConfig(tool_format="xml", max_turns=20, max_context_tokens=2048, max_observation_chars=100,
+                          show_affordances=False),
         contexts_fn=contexts)
     return learner, seen
 

@@ -26,7 +26,8 @@ from intraskill_jax.tokenization import IM_END, ToolCall, continuation_text, for
 
 from tests.toys import ANSWERS, CUES, PROMPT, CueEnv, cue_of
 
-AGENT = AgentConfig(max_turns=1, max_context_tokens=512, max_observation_chars=200, show_affordances=False)
+AGENT = AgentConfig(tool_format="xml", max_turns=1, max_context_tokens=512, max_observation_chars=200,
+                    show_affordances=False)
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=32)
 TRAIN_TASKS = list(range(1000))
 HELD_OUT = list(range(1000, 1128))
@@ -35,7 +36,7 @@ DEMO_ACCURACY = 0.75
 
 
 def _call(side: str) -> str:
-    return format_tool_calls([ToolCall("click", {"value": side})], "qwen3_5")
+    return format_tool_calls([ToolCall("click", {"value": side})], "xml")
 
 
 @pytest.fixture(scope="module")

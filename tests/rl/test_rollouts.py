@@ -39,13 +39,13 @@ def test_groups_advantages_and_zero_variance_filter(setup):
         if i not in policies:
             policies[i] = OraclePolicy()
             policies[i].reset(envs[i], "")
-        return format_tool_calls([from_env_action(policies[i].act(envs[i], ""))], "qwen3_5")
+        return format_tool_calls([from_env_action(policies[i].act(envs[i], ""))], "xml")
 
     engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), script, tok.convert_tokens_to_ids(IM_END))
     tasks = [int(t) for t in world.splits.train[:3]]
     ctx = [SkillContext("skill A", (1, 0)), SkillContext(), SkillContext("skill B", (0, 1))]
     exp = collect(engine, make_env, tok, tasks, ctx, group_size=G, sampling=SamplingParams(max_new_tokens=128),
-                  agent=AgentConfig(max_turns=12))
+                  agent=AgentConfig(tool_format="xml", max_turns=12))
     rewards = np.array([t.reward for t in exp.trajectories])
     np.testing.assert_array_equal(rewards, [1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0])
     assert [t.task_id for t in exp.trajectories] == [t for t in tasks for _ in range(G)]
@@ -83,7 +83,7 @@ def test_all_wrong_groups_are_retried_with_the_full_skill_within_engine_capacity
         if session not in policies:
             policies[session] = OraclePolicy()
             policies[session].reset(env, "")
-        return format_tool_calls([from_env_action(policies[session].act(env, ""))], "qwen3_5")
+        return format_tool_calls([from_env_action(policies[session].act(env, ""))], "xml")
 
     class Counting(ScriptedEngine):
         def generate(self, requests, params):
@@ -95,7 +95,7 @@ def test_all_wrong_groups_are_retried_with_the_full_skill_within_engine_capacity
     full = SkillContext("all chunks", (1, 1))
     # Group 2 ("no idea" everywhere, but with the same script as group 1) is all-wrong too.
     exp = collect(engine, make_env, tok, tasks, [SkillContext()] * 3, group_size=G, prefix="s",
-                  sampling=SamplingParams(max_new_tokens=128), agent=AgentConfig(max_turns=12),
+                  sampling=SamplingParams(max_new_tokens=128), agent=AgentConfig(tool_format="xml", max_turns=12),
                   max_concurrent=5, retry=full)
     assert max(batches) <= 5
     first, again = exp.trajectories[:3 * G], exp.trajectories[3 * G:]

@@ -22,7 +22,7 @@ from sim.config import CatalogConfig, SimConfig, SplitConfig
 from sim.env import ShopEnv
 from sim.world import build_world
 
-AGENT = AgentConfig(family="qwen3", max_observation_chars=400, show_affordances=False, max_turns=10)
+AGENT = AgentConfig(tool_format="json", max_observation_chars=400, show_affordances=False, max_turns=10)
 
 
 @functools.cache
@@ -41,9 +41,9 @@ def demos():
 
     # A tokenizer fitted to the conversations themselves keeps demonstrations near 1K tokens.
     texts = [world.catalog[i].title for i in range(300)] + [t.instruction for t in world.catalog.tasks[:150]]
-    rough = train_tokenizer(texts, vocab_size=600, family="qwen3")
+    rough = train_tokenizer(texts, vocab_size=600, tool_format="json")
     corpus = [rough.decode(t.token_ids) for t in play(rough, world.splits.train[100:140])]
-    tokenizer = train_tokenizer(texts + corpus, vocab_size=1000, family="qwen3")
+    tokenizer = train_tokenizer(texts + corpus, vocab_size=1000, tool_format="json")
     trajectories = [t for t in play(tokenizer, world.splits.train[:60]) if len(t.token_ids) <= 1024][:6]
     assert len(trajectories) == 6 and all(t.success for t in trajectories)
     return tokenizer, trajectories

@@ -33,7 +33,8 @@ from intraskill_jax.tokenization import continuation_text, tools_for, train_toke
 from tests.http_util import serve_app
 from tests.toys import CUES, PROMPT, CueEnv
 
-AGENT = AgentConfig(max_turns=1, max_context_tokens=512, max_observation_chars=200, show_affordances=False)
+AGENT = AgentConfig(tool_format="xml", max_turns=1, max_context_tokens=512, max_observation_chars=200,
+                    show_affordances=False)
 SAMPLER = SamplerConfig(max_batch=2, max_length=512, min_cache_length=512, prefill_buckets=(32, 128),
                         decode_buckets=(16,))
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)

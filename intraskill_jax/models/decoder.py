@@ -1,37 +1,69 @@
-"""Qwen3.5 text model in Flax NNX: Gated DeltaNet + gated attention hybrid (reference §3-§6).
+"""The decoder stack shared by the Qwen families, in Flax NNX.
 
-The same decoder stack, built from a `family='qwen3'` config (all layers full attention, plain
-norms, no output gate, full RoPE), is Qwen3 dense; `models/qwen3.py` names it.
+embed_tokens -> layers (each: norm -> mixer -> residual -> norm -> SwiGLU MLP -> residual) -> norm
+-> LM head. A family configures the stack with an `Architecture` on its model class (norm style,
+attention output gate, the mixer of 'linear_attention' layers); sizes and the layer pattern come
+from `ModelConfig`. Qwen3.5 is Gated DeltaNet + gated attention (`models/qwen3_5/`), Qwen3 dense
+is full attention only with plain norms (`models/qwen3/`).
 
-Attribute names and parameter shapes follow HF `Qwen3_5ForCausalLM`, so the NNX state path of
-every parameter joined with '.' is its HF key (`model.layers.0.linear_attn.A_log`, ...).
+Attribute names and parameter shapes follow HF (`Qwen3_5ForCausalLM`, `Qwen3ForCausalLM`), so the
+NNX state path of every parameter joined with '.' is its HF key (`model.layers.0.mlp.up_proj.weight`).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from intraskill_jax.models import gated_delta
-from intraskill_jax.models.cache import (
-    AttentionCache,
-    DecodeCache,
-    DeltaNetCache,
-    LayerCache,
-)
+from intraskill_jax.models.cache import AttentionCache, DecodeCache, LayerCache
 from intraskill_jax.models.config import ModelConfig
 from intraskill_jax.models.layers import (
     MLP,
     Attention,
     Embedding,
-    GatedRMSNorm,
     Linear,
     RMSNorm,
     constrain,
-    param,
     rope_cos_sin,
 )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Architecture:
+    """What a family fixes in the decoder stack; `ModelConfig` holds the sizes.
+
+    Attributes:
+      zero_centered_norm: RMSNorms compute x̂·(1 + w), w initialised to 0 (Gemma-style); otherwise
+        x̂·w, w initialised to 1. Applies to the layer, final and q/k norms.
+      attn_output_gate: q_proj also emits a per-head gate and attention's output is multiplied by
+        sigmoid(gate) before o_proj.
+      linear_attention: the mixer of 'linear_attention' layers (HF attribute `linear_attn`), built
+        as `linear_attention(config, rngs=rngs)` and called as
+        `(x, token_mask, state, has_padding=...) -> (y, state)`; None: the family has only
+        'full_attention' layers.
+      full_attention_interval: the layer pattern when a config names none: every k-th layer is
+        full attention, the others linear attention (1: all full attention).
+    """
+
+    zero_centered_norm: bool
+    attn_output_gate: bool
+    linear_attention: Callable[..., nnx.Module] | None = None
+    full_attention_interval: int = 1
+
+    def __post_init__(self) -> None:
+        if self.full_attention_interval < 1:
+            raise ValueError(f"full_attention_interval must be >= 1; got {self.full_attention_interval}.")
+        if self.linear_attention is None and self.full_attention_interval != 1:
+            raise ValueError(
+                "An architecture without a linear_attention mixer has only full-attention layers; "
+                f"full_attention_interval must be 1, got {self.full_attention_interval}."
+            )
+
 
 _REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -39,139 +71,30 @@ _REMAT_POLICIES = {
 }
 
 
-class DepthwiseConv1d(nnx.Module):
-    """Holds the DeltaNet conv weight in torch layout [C, 1, K] (no bias)."""
-
-    def __init__(self, channels: int, kernel: int, *, param_dtype: jnp.dtype, rngs: nnx.Rngs):
-        bound = kernel**-0.5  # torch Conv1d default: fan_in = in_channels/groups · K = K
-        w = jax.random.uniform(rngs.params(), (channels, 1, kernel), param_dtype, -bound, bound)
-        self.weight = param(w, ("linear_qkv", None, "conv_kernel"))
-
-
-class GatedDeltaNet(nnx.Module):
-    """Qwen3.5 linear-attention mixer. x [B, T, h] -> [B, T, h].
-
-    1. Padded positions of x are zeroed; the conv skips them (see `causal_conv1d`).
-    2. mixed = in_proj_qkv(x) [B, T, C]; z = in_proj_z(x) [B, T, Hv, Dv]; b, a = in_proj_b/a(x) [B, T, Hv].
-    3. mixed <- silu(causal depthwise conv(mixed)), split into q, k [B, T, Hk, Dk] and v [B, T, Hv, Dv].
-    4. β = sigmoid(b); g = −exp(A_log) · softplus(a + dt_bias) (float32). At padded positions
-       β = g = 0, so they neither write nor decay the state: masked tokens anywhere are exact
-       no-ops for the real ones.
-    5. Gated delta rule (chunked; recurrent for one-token decode) -> o [B, T, Hv, Dv].
-    6. out_proj(GatedRMSNorm(o, z) flattened to Hv·Dv).
-    """
-
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        c = config
-        self.num_k_heads, self.num_v_heads = c.linear_num_key_heads, c.linear_num_value_heads
-        self.head_k_dim, self.head_v_dim = c.linear_key_head_dim, c.linear_value_head_dim
-        self.chunk_size = c.gdn_chunk_size
-        key_dim, value_dim = self.num_k_heads * self.head_k_dim, self.num_v_heads * self.head_v_dim
-        kw = {
-            "dtype": c.compute_dtype,
-            "param_dtype": c.params_dtype,
-            "init_std": c.initializer_range,
-            "rngs": rngs,
-        }
-        self.in_proj_qkv = Linear(
-            c.hidden_size, 2 * key_dim + value_dim, axes=("linear_qkv", "embed"), **kw
-        )
-        self.in_proj_z = Linear(c.hidden_size, value_dim, axes=("linear_z", "embed"), **kw)
-        self.in_proj_b = Linear(
-            c.hidden_size, self.num_v_heads, axes=("linear_heads", "embed"), **kw
-        )
-        self.in_proj_a = Linear(
-            c.hidden_size, self.num_v_heads, axes=("linear_heads", "embed"), **kw
-        )
-        self.conv1d = DepthwiseConv1d(
-            2 * key_dim + value_dim, c.linear_conv_kernel_dim, param_dtype=c.params_dtype, rngs=rngs
-        )
-        a_init = jax.random.uniform(rngs.params(), (self.num_v_heads,), jnp.float32, 1.0, 16.0)
-        self.A_log = param(jnp.log(a_init).astype(c.params_dtype), ("linear_heads",))
-        self.dt_bias = param(jnp.ones((self.num_v_heads,), c.params_dtype), ("linear_heads",))
-        self.norm = GatedRMSNorm(self.head_v_dim, eps=c.rms_norm_eps, param_dtype=c.params_dtype)
-        self.out_proj = Linear(value_dim, c.hidden_size, axes=("embed", "linear_z"), **kw)
-
-    def __call__(
-        self,
-        x: jax.Array,
-        token_mask: jax.Array,
-        state: DeltaNetCache | None = None,
-        *,
-        has_padding: bool = True,
-    ) -> tuple[jax.Array, DeltaNetCache | None]:
-        """x [B, T, h]; token_mask [B, T] bool; state from the cache or None (no cache).
-
-        `has_padding=False` (static) promises an all-true mask and skips the conv's compaction.
-        """
-        b, t, _ = x.shape
-        hk, hv, dk, dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
-        x = jnp.where(token_mask[..., None], x, 0).astype(x.dtype)
-        mixed = self.in_proj_qkv(x)
-        z = self.in_proj_z(x).reshape(b, t, hv, dv)
-        beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32))
-        a = self.in_proj_a(x).astype(jnp.float32)
-        g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
-            a + self.dt_bias[...].astype(jnp.float32)
-        )
-        beta = jnp.where(token_mask[..., None], beta, 0.0)
-        g = jnp.where(token_mask[..., None], g, 0.0)
-
-        conv_in = None if state is None else state.conv_state
-        mixed, conv_state = gated_delta.causal_conv1d(
-            mixed, self.conv1d.weight[...], conv_in, token_mask if has_padding else None
-        )
-        q = mixed[..., : hk * dk].reshape(b, t, hk, dk)
-        k = mixed[..., hk * dk : 2 * hk * dk].reshape(b, t, hk, dk)
-        v = mixed[..., 2 * hk * dk :].reshape(b, t, hv, dv)
-        v = constrain(v, ("batch", "seq", "linear_heads", None))
-
-        if state is not None and t == 1:
-            core, rec_state = gated_delta.recurrent_gated_delta_rule(
-                q, k, v, g, beta, state.recurrent_state
-            )
-        else:
-            core, rec_state = gated_delta.chunk_gated_delta_rule(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                None if state is None else state.recurrent_state,
-                chunk_size=self.chunk_size,
-            )
-        out = self.norm(core, z).reshape(b, t, hv * dv)
-        out = self.out_proj(out)
-        new_state = (
-            None
-            if state is None
-            else DeltaNetCache(conv_state=conv_state, recurrent_state=rec_state)
-        )
-        return out, new_state
-
-
 class DecoderLayer(nnx.Module):
     """norm -> mixer (linear_attn | self_attn) -> residual -> norm -> SwiGLU mlp -> residual."""
 
-    def __init__(self, config: ModelConfig, layer_type: str, *, rngs: nnx.Rngs):
-        c = config
+    def __init__(
+        self, config: ModelConfig, architecture: Architecture, layer_type: str, *, rngs: nnx.Rngs
+    ):
+        c, arch = config, architecture
         self.layer_type = layer_type
         norm_kw = {
             "eps": c.rms_norm_eps,
-            "zero_centered": c.zero_centered_norm,
+            "zero_centered": arch.zero_centered_norm,
             "param_dtype": c.params_dtype,
         }
         self.input_layernorm = RMSNorm(c.hidden_size, **norm_kw)
-        if layer_type == "linear_attention":
-            self.linear_attn = GatedDeltaNet(c, rngs=rngs)
+        if layer_type == "linear_attention":  # ModelConfig allows it only with a mixer
+            self.linear_attn = arch.linear_attention(c, rngs=rngs)
         else:
             self.self_attn = Attention(
                 hidden=c.hidden_size,
                 num_heads=c.num_attention_heads,
                 num_kv_heads=c.num_key_value_heads,
                 head_dim=c.head_dim,
-                output_gate=c.attn_output_gate,
-                zero_centered_norm=c.zero_centered_norm,
+                output_gate=arch.attn_output_gate,
+                zero_centered_norm=arch.zero_centered_norm,
                 eps=c.rms_norm_eps,
                 use_bias=c.attention_bias,
                 dtype=c.compute_dtype,
@@ -219,7 +142,7 @@ class DecoderLayer(nnx.Module):
 class TextModel(nnx.Module):
     """embed_tokens -> layers -> norm (HF `Qwen3_5TextModel` / `Qwen3Model`)."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, architecture: Architecture, *, rngs: nnx.Rngs):
         self.config = config
         self.embed_tokens = Embedding(
             config.vocab_size,
@@ -229,11 +152,13 @@ class TextModel(nnx.Module):
             init_std=config.initializer_range,
             rngs=rngs,
         )
-        self.layers = nnx.List([DecoderLayer(config, t, rngs=rngs) for t in config.layer_types])
+        self.layers = nnx.List(
+            [DecoderLayer(config, architecture, t, rngs=rngs) for t in config.layer_types]
+        )
         self.norm = RMSNorm(
             config.hidden_size,
             eps=config.rms_norm_eps,
-            zero_centered=config.zero_centered_norm,
+            zero_centered=architecture.zero_centered_norm,
             param_dtype=config.params_dtype,
         )
 
@@ -291,11 +216,21 @@ class TextModel(nnx.Module):
 
 
 class CausalLM(nnx.Module):
-    """`model` (TextModel) plus `lm_head` (absent when embeddings are tied)."""
+    """`model` (TextModel) plus `lm_head` (absent when embeddings are tied).
+
+    A family subclasses it, naming its `family` (`ModelConfig.family`) and its `architecture`.
+    """
+
+    family: ClassVar[str]
+    architecture: ClassVar[Architecture]
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        if config.family != self.family:
+            raise ValueError(
+                f"{type(self).__name__} needs family={self.family!r}; got {config.family!r}."
+            )
         self.config = config
-        self.model = TextModel(config, rngs=rngs)
+        self.model = TextModel(config, self.architecture, rngs=rngs)
         if not config.tie_word_embeddings:
             self.lm_head = Linear(
                 config.hidden_size,
@@ -355,12 +290,3 @@ class CausalLM(nnx.Module):
         )
         logits = self.logits(hidden)
         return logits if cache is None else (logits, new_cache)
-
-
-class Qwen3_5ForCausalLM(CausalLM):
-    """Qwen3.5 text model with LM head (HF `Qwen3_5ForCausalLM`)."""
-
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        if config.family != "qwen3_5":
-            raise ValueError(f"Qwen3_5ForCausalLM needs family='qwen3_5'; got {config.family!r}.")
-        super().__init__(config, rngs=rngs)
