@@ -42,7 +42,7 @@ from intraskill_jax.rl.learner import TrainConfig
 from intraskill_jax.rl.sft import SFTConfig
 from intraskill_jax.rollout.base import SamplingParams
 from intraskill_jax.rollout.jax_sampler import SamplerConfig
-from intraskill_jax.skills.analysts import AnalystsConfig
+from intraskill_jax.skills.analysts import ANALYSTS, AnalystsConfig
 from intraskill_jax.skills.gate import GateConfig
 from intraskill_jax.skills.masks import MaskConfig
 
@@ -154,8 +154,8 @@ class SkillsConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("coevolve", "fixed", "none"):
             raise ConfigError(f"skills.mode must be coevolve, fixed or none, got {self.mode!r}")
-        if self.analyst not in ("offline", "openai"):
-            raise ConfigError(f"skills.analyst must be 'offline' or 'openai', got {self.analyst!r}")
+        if self.analyst not in ANALYSTS:
+            raise ConfigError(f"skills.analyst must be one of {sorted(ANALYSTS)}, got {self.analyst!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

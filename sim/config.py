@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from sim.reward import REWARDS
+
 Lang = Literal["en", "zh"]
 Mode = Literal["single", "multi"]
 ShopperBackend = Literal["rule", "openai"]
@@ -174,7 +176,7 @@ class EnvConfig:
     result_labels: Literal["asin", "rank"] = "asin"
 
     def __post_init__(self) -> None:
-        _check(self.reward in ("strict", "loose"), f"env.reward must be 'strict' or 'loose', got {self.reward!r}")
+        _check(self.reward in REWARDS, f"env.reward must be one of {sorted(REWARDS)}, got {self.reward!r}")
         _check(self.result_labels in ("asin", "rank"),
                f"env.result_labels must be 'asin' or 'rank', got {self.result_labels!r}")
         _check(self.mode in ("single", "multi"), f"env.mode must be 'single' or 'multi', got {self.mode!r}")

@@ -281,7 +281,7 @@ class ShopEnv:
         task = self._require_task()
         self.done = True
         detail = reward.score(task, self.purchase)
-        value = detail.strict if self.config.reward == "strict" else detail.loose
+        value = reward.REWARDS[self.config.reward](detail)
         info = self._info()
         info.update(
             reward_detail=detail.to_dict(),

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from rapidfuzz import fuzz
@@ -112,3 +113,11 @@ def score(goal: Task, purchase: Purchase | None) -> RewardDetail:
         num_attr_matches=m_att,
         num_option_matches=m_opt,
     )
+
+
+# The episode reward an env returns (`EnvConfig.reward`), by name: a new reward is one function of
+# the components and one entry here (and its name among `EnvConfig.reward`'s values).
+REWARDS: dict[str, Callable[[RewardDetail], float]] = {
+    "strict": lambda d: d.strict,  # the study's: the product must be right in every component
+    "loose": lambda d: d.loose,  # upstream ShopSimulator's partial credit
+}

@@ -25,7 +25,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
@@ -448,11 +448,20 @@ def propose(
     return ProposalBatch(proposals, rejected, reports, {k: float(v) for k, v in counters.items()})
 
 
-def make_analyst(config: SkillsConfig) -> Analyst:
-    """The analyst `skills.analyst` names: 'offline' (rules over the traces) or 'openai' (an
-    OpenAI-compatible chat endpoint at `skills.analyst_url`)."""
-    if config.analyst == "openai":
-        from intraskill_jax.skills.analyst_openai import OpenAIAnalyst
+def _openai(config: SkillsConfig) -> Analyst:
+    from intraskill_jax.skills.analyst_openai import OpenAIAnalyst
 
-        return OpenAIAnalyst(config.analyst_url, config.analyst_model)
-    return OfflineAnalyst()
+    return OpenAIAnalyst(config.analyst_url, config.analyst_model)
+
+
+# `skills.analyst` -> a builder of that analyst from the skills config: a new analyst is one module
+# implementing `Analyst` plus one entry here (and its name among `SkillsConfig.analyst`'s values).
+ANALYSTS: dict[str, Callable[[SkillsConfig], Analyst]] = {
+    "offline": lambda config: OfflineAnalyst(),  # failure taxonomy over the traces, no LLM
+    "openai": _openai,  # an OpenAI-compatible chat endpoint at `skills.analyst_url`
+}
+
+
+def make_analyst(config: SkillsConfig) -> Analyst:
+    """The analyst `skills.analyst` names."""
+    return ANALYSTS[config.analyst](config)

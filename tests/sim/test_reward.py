@@ -106,3 +106,14 @@ def test_no_purchase_scores_zero_everywhere():
 def test_no_goal_attributes_or_options_is_full_credit_for_those_parts():
     d = score(goal(attributes=(), options={}), Purchase(QUILT, {}))
     assert d.r_att == 1.0 and d.r_option == 1.0
+
+
+def test_every_configurable_reward_is_registered_and_reads_its_component():
+    import typing
+
+    from sim.config import EnvConfig
+    from sim.reward import REWARDS, RewardDetail
+
+    assert set(REWARDS) == set(typing.get_args(typing.get_type_hints(EnvConfig)["reward"]))
+    detail = RewardDetail(r_type=1.0, r_att=0.5, r_option=1.0, r_price=1.0, loose=0.75, strict=0.5)
+    assert REWARDS["strict"](detail) == 0.5 and REWARDS["loose"](detail) == 0.75

@@ -364,3 +364,15 @@ def test_describe_and_parse_helpers():
     assert "malformed reply: no tool call found" in text and "search(" in text and "FAILURE" in text
     lessons, patches = parse_reply(json.dumps(GOOD), "ep-1")
     assert lessons[0].title == "Budget" and patches[0].trajectory_ids == ("ep-1",)
+
+
+def test_every_configurable_analyst_is_registered_and_built_by_name():
+    import typing
+
+    from intraskill_jax.runconfig import SkillsConfig
+    from intraskill_jax.skills.analysts import ANALYSTS, OfflineAnalyst, make_analyst
+    from intraskill_jax.skills.analyst_openai import OpenAIAnalyst
+
+    assert set(ANALYSTS) == set(typing.get_args(typing.get_type_hints(SkillsConfig)["analyst"]))
+    assert isinstance(make_analyst(SkillsConfig(analyst="offline")), OfflineAnalyst)
+    assert isinstance(make_analyst(SkillsConfig(analyst="openai", analyst_url="http://127.0.0.1:9/v1")), OpenAIAnalyst)
