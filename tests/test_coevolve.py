@@ -95,6 +95,8 @@ def test_two_rounds_record_masks_fit_the_gate_and_version_the_bank(finished_run)
                                                     if d["action"] in ("retain", "retire") and d["kind"] == "chunk"}
         assert gate["funnel"]["proposals"] == len(gate["proposals"])
         assert set(nxt.active_ids) <= {c.id for c in nxt.chunks}
+    # The loops above ran on something: the analysts proposed in at least one round.
+    assert sum(len(json.loads(rundir.gate_path(workdir, r).read_text())["proposals"]) for r in range(config.train.rounds))
     rows = read_metrics(workdir)
     assert [r["step"] for r in rows if "rollout/success" in r] == list(range(1, steps + 1))
     assert sorted(r["step"] for r in rows if "gate/bare_reward" in r) == [2, 4]
