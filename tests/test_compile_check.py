@@ -33,6 +33,8 @@ TINY = {
     "policy.remat": "full",
     "agent.max_context_tokens": 256,
     "train.groups_per_step": 2, "train.group_size": 2, "train.optim.micro_batch_size": 2,
+    "rollout.sampler.max_batch": 4, "rollout.sampler.max_length": 512, "rollout.sampler.prefill_buckets": (64,),
+    "rollout.sampler.decode_buckets": (16,), "rollout.sampling.max_new_tokens": 16,
     "mesh.data": 1, "mesh.fsdp": 2, "mesh.tensor": 2,
 }
 
@@ -61,18 +63,22 @@ def predicted_param_bytes(model_config, mesh_shape):
 @needs_libtpu
 def test_parameter_bytes_per_chip_follow_the_sharding_rules():
     config = tiny_config()
-    report = compile_check.check(config, compile_check.parse_topology("v5p:2x2x1"), programs=("train_step",))
-    (step,) = report.programs
+    report = compile_check.check(config, compile_check.parse_topology("v5p:2x2x1"))
     assert report.chips == 4 and report.mesh == {"data": 1, "fsdp": 2, "tensor": 2}
+    assert [p.name for p in report.programs] == ["prefill", "decode", "train_step", "logprobs"]
     model_config, _ = compile_check.model_config(config)
     assert model_config.dtype == "bfloat16" and model_config.remat == "full"  # 'auto' means the TPU's dtype
     params = predicted_param_bytes(model_config, report.mesh)
     # The embedding alone: [vocab 256, hidden 64] bf16, vocab over tensor and hidden over fsdp.
     assert params > 256 * 64 * 2 // 4
-    assert step.arguments["params"] == params
+    for program in report.programs:  # the sampler holds the trainer's parameters in the same layout
+        assert program.fits and program.arguments["params"] == params, program.name
+    step = report.programs[2]
     # AdamW keeps two moments shaped like the parameters (same layout), plus scalar counters.
     assert 0 <= step.arguments["optimizer"] - 2 * params < 64
-    assert step.fits and step.total_bytes >= step.argument_bytes >= sum(step.arguments.values())
+    assert step.argument_bytes >= sum(step.arguments.values()) and step.total_bytes >= step.argument_bytes
+    # The quickstart samples in process: its cache stays allocated through the update.
+    assert step.resident_bytes == report.programs[1].arguments["cache"] > 0
     assert step.flops > 0 and step.seconds == pytest.approx(step.flops / (459e12 * 0.4))
 
 
@@ -90,6 +96,26 @@ def test_a_setting_too_large_for_the_chip_exits_nonzero_naming_the_knobs(caplog)
     assert "prefill" in message and "v5e-4" in message
     for knob in ("rollout.sampler.max_batch (now 512)", "rollout.sampler.max_length (now 131072)", "mesh.fsdp"):
         assert knob in message
+
+
+@needs_libtpu
+def test_flops_per_chip_count_every_loop_iteration_on_each_chips_rows():
+    topology = compile_check.parse_topology("v5p:2x2x1")
+    mesh = jax.make_mesh((4,), ("fsdp",), devices=topology.devices(), axis_types=(jax.sharding.AxisType.Auto,))
+    xs = jax.ShapeDtypeStruct((6, 512, 256), jnp.bfloat16, sharding=jax.NamedSharding(mesh, jax.P(None, "fsdp")))
+    w = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16, sharding=jax.NamedSharding(mesh, jax.P()))
+
+    def program(xs, w):
+        return jax.lax.scan(lambda c, x: (c + jnp.tanh(x @ w).sum(), None), 0.0, xs)[0]
+
+    args = (xs, w)
+    traced = jax.jit(program).trace(*args)
+    report = compile_check.measure(
+        compile_check.Program(name="scan", traced=traced, args=args, group=lambda path: "inputs", while_trips=1,
+                              runs=True, knobs=()), topology.chip, 0.5)
+    # Six [512, 256] @ [256, 256] products, each chip multiplying its 128 of the 512 rows.
+    assert report.flops == pytest.approx(6 * 2 * 128 * 256 * 256, rel=0.01)
+    assert report.arguments == {"inputs": (6 * 128 * 256 + 256 * 256) * 2}
 
 
 def test_topology_names_map_to_chip_grids():

@@ -530,14 +530,19 @@ class LogprobFn:
         self._compiled: dict[int, Callable[..., Any]] = {}
 
     def _logprobs(self, params: nnx.State, batch: TrainBatch, *, num_micro: int) -> jax.Array:
-        model = nnx.merge(self.graphdef, params)
-
         def one(mb: TrainBatch) -> jax.Array:
-            def score(mb: TrainBatch) -> jax.Array:
+            def score(params: nnx.State, mb: TrainBatch) -> jax.Array:
+                # The parameters enter the cond as operands and the model is merged in here: remat'd
+                # layers (policy.remat='full') cannot run on parameters closed over from outside
+                # (flax's TraceContextError).
+                model = nnx.merge(self.graphdef, params)
                 return token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask, temperature=self.temperature)
 
+            def skip(params: nnx.State, mb: TrainBatch) -> jax.Array:
+                return jnp.zeros(mb.targets.shape, jnp.float32)
+
             # Micro-batches of padding rows only (no trained token) are not scored.
-            return jax.lax.cond(jnp.any(mb.loss_mask > 0), score, lambda mb: jnp.zeros(mb.targets.shape, jnp.float32), mb)
+            return jax.lax.cond(jnp.any(mb.loss_mask > 0), score, skip, params, mb)
 
         lp = jax.lax.map(one, _micro_batches(batch, num_micro))  # [n, rows, L]
         lp = lp.swapaxes(0, 1).reshape(batch.input_ids.shape)
