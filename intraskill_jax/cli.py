@@ -9,6 +9,7 @@ Commands map to library calls; each keeps its own flags (`intraskill <command> -
   multiseed     train and evaluate one run per seed and pool them (--seeds)
   report        plots, bundle and the static site from a run directory (--workdir)
   check-bundle  verify a bundle's hashes and recompute its figures (DIR)
+  compile-check will a config fit a TPU slice: compile its programs ahead of time (--config, --topology)
   serve         SGLang-compatible rollout server over the embedded JAX sampler
   sim-demo      build the simulator world and play the test split with the reference policies
   sim-serve     ShopSimulator-compatible HTTP service (forwards to `python -m sim serve`)
@@ -20,7 +21,7 @@ import sys
 
 _SIM_COMMANDS = {"sim-demo": "demo", "sim-serve": "serve"}
 _TRAINING = ("quickstart", "sft", "train", "eval", "rank", "multiseed")
-_COMMANDS = (*_TRAINING, "report", "check-bundle", "serve", *_SIM_COMMANDS)
+_COMMANDS = (*_TRAINING, "report", "check-bundle", "compile-check", "serve", *_SIM_COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,6 +42,10 @@ def main(argv: list[str] | None = None) -> None:
         from intraskill_jax.analysis.bundle import main as check_bundle
 
         check_bundle(rest)
+    elif command == "compile-check":
+        from intraskill_jax.compile_check import main as compile_check
+
+        compile_check(rest)
     elif command == "serve":
         from intraskill_jax.rollout.serve import main as serve
 

@@ -324,6 +324,27 @@ class ModelConfig:
         }
         return cls(**{**base, **overrides})
 
+    @classmethod
+    def qwen3_4b(cls, **overrides: Any) -> ModelConfig:
+        """Qwen3-4B dense (its HF config.json); weights come from the checkpoint."""
+        base = {
+            "family": "qwen3",
+            "vocab_size": 151936,
+            "hidden_size": 2560,
+            "intermediate_size": 9728,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1_000_000.0,
+            "max_position_embeddings": 40960,
+            "tie_word_embeddings": True,
+            "pad_token_id": 151643,
+            "eos_token_ids": (151645, 151643),
+        }
+        return cls(**{**base, **overrides})
+
 
 def layer_pattern(num_layers: int, full_attention_interval: int) -> tuple[LayerType, ...]:
     """Every `full_attention_interval`-th layer (3, 7, ... for 4) is full attention, the rest linear."""

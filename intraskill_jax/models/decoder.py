@@ -195,7 +195,9 @@ class TextModel(nnx.Module):
         def run(layer: DecoderLayer, *args):
             return layer(*args, has_padding=has_padding)
 
-        if self.config.remat != "none":
+        # Remat only pays off under a backward pass, which the cached (sampling) path never has; and
+        # inside the sampler's decode loop nnx.remat cannot merge the parameters (TraceContextError).
+        if self.config.remat != "none" and cache is None:
             run = nnx.remat(run, policy=_REMAT_POLICIES[self.config.remat])
         new_layers = []
         for i, layer in enumerate(self.layers):

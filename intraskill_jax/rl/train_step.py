@@ -327,17 +327,18 @@ def _micro_batches(batch: TrainBatch, count: int) -> TrainBatch:
     return jax.tree.map(split, batch)
 
 
+def row_sharding(shape: tuple[int, ...], mesh: Mesh,
+                 rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES) -> NamedSharding:
+    """Where a batch leaf of `shape` ([B, ...]) lives: rows split over the mesh's batch axes as far
+    as B divides, the other dimensions whole."""
+    axes = ("batch",) + (None,) * (len(shape) - 1)
+    return NamedSharding(mesh, sharding_lib.logical_to_spec(axes, shape, mesh, rules))
+
+
 def _to_device(batch: TrainBatch, mesh: Mesh | None, rules: sharding_lib.LogicalRules) -> TrainBatch:
-    """Rows split over the mesh's batch axes (as far as the row count divides)."""
     if mesh is None:
         return jax.tree.map(jnp.asarray, batch)
-
-    def put(x: Any) -> jax.Array:
-        axes = ("batch",) + (None,) * (np.ndim(x) - 1)
-        spec = sharding_lib.logical_to_spec(axes, np.shape(x), mesh, rules)
-        return jax.device_put(np.asarray(x), NamedSharding(mesh, spec))
-
-    return jax.tree.map(put, batch)
+    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), row_sharding(np.shape(x), mesh, rules)), batch)
 
 
 # -- the update --------------------------------------------------------------------------------
@@ -435,6 +436,24 @@ class UpdateStep:
         with _mesh_context(self.mesh, self.rules):
             return self._compiled[key](state, batch)
 
+    def trace(self, state: TrainState, batch: TrainBatch) -> jax.stages.Traced:
+        """The program `__call__` runs on a batch of this shape, traced for ahead-of-time compilation.
+
+        Leaves may be `jax.ShapeDtypeStruct`s carrying their shardings (`intraskill_jax.compile_check`
+        compiles for TPU topologies this way); the rows must already be padded to a multiple of the
+        micro-batch size, as `__call__` pads them.
+        """
+        num_micro = _padded_micro_batches(batch.num_rows, self.config.micro_batch_size)
+        with _mesh_context(self.mesh, self.rules):
+            return self._compile(state, num_micro).trace(state, batch)
+
+
+def _padded_micro_batches(rows: int, micro_batch_size: int | None) -> int:
+    micro = micro_batch_size or rows
+    if rows % micro:
+        raise ValueError(f"trace needs the rows ({rows}) padded to a multiple of micro_batch_size ({micro})")
+    return rows // micro
+
 
 def _mesh_context(mesh: Mesh | None, rules: sharding_lib.LogicalRules):
     """The model's `constrain` calls read the mesh and rules from context at trace time."""
@@ -511,14 +530,19 @@ class LogprobFn:
         self._compiled: dict[int, Callable[..., Any]] = {}
 
     def _logprobs(self, params: nnx.State, batch: TrainBatch, *, num_micro: int) -> jax.Array:
-        model = nnx.merge(self.graphdef, params)
-
         def one(mb: TrainBatch) -> jax.Array:
-            def score(mb: TrainBatch) -> jax.Array:
+            def score(params: nnx.State, mb: TrainBatch) -> jax.Array:
+                # The parameters enter the cond as operands and the model is merged in here: remat'd
+                # layers (policy.remat='full') cannot run on parameters closed over from outside
+                # (flax's TraceContextError).
+                model = nnx.merge(self.graphdef, params)
                 return token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask, temperature=self.temperature)
 
+            def skip(params: nnx.State, mb: TrainBatch) -> jax.Array:
+                return jnp.zeros(mb.targets.shape, jnp.float32)
+
             # Micro-batches of padding rows only (no trained token) are not scored.
-            return jax.lax.cond(jnp.any(mb.loss_mask > 0), score, lambda mb: jnp.zeros(mb.targets.shape, jnp.float32), mb)
+            return jax.lax.cond(jnp.any(mb.loss_mask > 0), score, skip, params, mb)
 
         lp = jax.lax.map(one, _micro_batches(batch, num_micro))  # [n, rows, L]
         lp = lp.swapaxes(0, 1).reshape(batch.input_ids.shape)
@@ -534,9 +558,20 @@ class LogprobFn:
         num_micro = batch.num_rows // micro
         order = strided_order(batch.num_rows, num_micro)
         batch = _to_device(jax.tree.map(lambda x: np.asarray(x)[order], batch), self.mesh, self.rules)
+        with _mesh_context(self.mesh, self.rules):
+            lp = self._jitted(num_micro)(params, batch)
+        return lp[np.argsort(order)[:rows]]
+
+    def _jitted(self, num_micro: int) -> Callable[..., jax.Array]:
         if num_micro not in self._compiled:
             self._compiled[num_micro] = jax.jit(functools.partial(self._logprobs, num_micro=num_micro))
+        return self._compiled[num_micro]
+
+    def trace(self, params: nnx.State, batch: TrainBatch) -> jax.stages.Traced:
+        """The program `__call__` runs on a prediction-aligned batch of this shape (rows a multiple
+        of micro_batch_size; leaves may be sharded `jax.ShapeDtypeStruct`s), traced for
+        ahead-of-time compilation."""
+        num_micro = _padded_micro_batches(batch.num_rows, self.micro_batch_size)
         with _mesh_context(self.mesh, self.rules):
-            lp = self._compiled[num_micro](params, batch)
-        return lp[np.argsort(order)[:rows]]
+            return self._jitted(num_micro).trace(params, batch)
 

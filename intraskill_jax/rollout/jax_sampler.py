@@ -65,6 +65,10 @@ class SamplerConfig:
             if not b or list(b) != sorted(b) or b[0] < 1:
                 raise ValueError(f"{name} must be increasing positive ints, got {b}")
 
+    def decode_steps(self, max_new_tokens: int) -> int:
+        """Steps of the decode loop compiled for `max_new_tokens`: the smallest bucket holding it."""
+        return _bucket(max_new_tokens, self.decode_buckets)
+
 
 @dataclasses.dataclass
 class _Row:
@@ -133,7 +137,7 @@ class JaxSampler:
             return []
         if len({r.session for r in requests}) != len(requests):
             raise ValueError("one request per session per call")
-        steps = _bucket(params.max_new_tokens, self.config.decode_buckets)
+        steps = self.config.decode_steps(params.max_new_tokens)
         if params.max_new_tokens > steps:
             raise ValueError(f"max_new_tokens {params.max_new_tokens} exceeds the largest decode bucket {steps}")
         # A row's slots hold its own history only, so the longest session sets the cache size.
@@ -178,7 +182,7 @@ class JaxSampler:
         active[[self._rows[r.session].index for r in requests]] = True
         self._key, key = jax.random.split(self._key)
         stop = jnp.asarray(list(params.stop_token_ids) or [-1], jnp.int32)
-        tokens, logprobs, counts, self._cache = _decode(
+        tokens, logprobs, counts, self._cache = decode(
             self.graphdef, self.state, self._cache, logits, key, jnp.asarray(active), jnp.float32(params.temperature),
             jnp.float32(params.top_p), stop, jnp.int32(params.max_new_tokens), steps=steps, top_k=params.top_k)
         tokens, logprobs, counts = np.asarray(tokens), np.asarray(logprobs), np.asarray(counts)
@@ -251,7 +255,7 @@ class JaxSampler:
                 piece = toks[:width]
                 ids[i, width - len(piece):] = piece  # left padding: the last column is the newest token
                 mask[i, width - len(piece):] = True
-            step_logits, self._cache = _prefill(self.graphdef, self.state, self._cache, jnp.asarray(ids), jnp.asarray(mask))
+            step_logits, self._cache = prefill(self.graphdef, self.state, self._cache, jnp.asarray(ids), jnp.asarray(mask))
             got = np.zeros(b, bool)
             got[list(pending)] = True
             logits = jnp.where(jnp.asarray(got)[:, None], step_logits, logits)
@@ -260,9 +264,10 @@ class JaxSampler:
 
 
 # Module-level jitted functions with the graph definition static: samplers of the same architecture
-# share compiled programs (tests, weight swaps), and the cache buffers are donated.
+# share compiled programs (tests, weight swaps), and the cache buffers are donated. `prefill` and
+# `decode` are public so `intraskill_jax.compile_check` can compile them for TPU topologies.
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _prefill(graphdef, state, cache: DecodeCache, ids, mask):
+def prefill(graphdef, state, cache: DecodeCache, ids, mask):
     model = nnx.merge(graphdef, state)
     hidden, cache = model.hidden_states(ids, mask, cache=cache)
     return model.logits(hidden[:, -1]), cache
@@ -290,7 +295,7 @@ def _prefill_shared(graphdef, state, cache: DecodeCache, source, ids, mask, rows
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k"), donate_argnums=(2,))
-def _decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature, top_p, stop_ids, max_new, *,
+def decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature, top_p, stop_ids, max_new, *,
             steps: int, top_k: int):
     model = nnx.merge(graphdef, state)
     b = logits.shape[0]

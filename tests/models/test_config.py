@@ -91,6 +91,13 @@ def test_qwen3_layout_with_legacy_rope_theta(tmp_path):
     assert not cfg.zero_centered_norm and not cfg.attn_output_gate
 
 
+def test_qwen3_4b_preset_is_the_checkpoints_architecture():
+    # The preset adds what the checkpoint's config.json also carries: its context and pad/EOS ids.
+    hf = {**QWEN3_4B, "max_position_embeddings": 40960, "pad_token_id": 151643, "eos_token_id": [151645, 151643]}
+    assert ModelConfig.qwen3_4b(dtype="float32", param_dtype="float32") == ModelConfig.from_hf_dict(
+        hf, dtype="float32", param_dtype="float32")
+
+
 @pytest.mark.parametrize("make", [ModelConfig.tiny_qwen3_5, ModelConfig.tiny_qwen3])
 def test_hf_dict_round_trip(make):
     cfg = make()

@@ -183,6 +183,14 @@ def test_remat_gives_the_same_update(setup):
     np.testing.assert_allclose(metrics["loss"], setup["metrics"]["loss"], rtol=1e-5)
 
 
+def test_logprob_fn_scores_a_remat_model_as_the_plain_one(setup):
+    # The study's configs remat their layers (policy.remat='full'); the pass used to raise
+    # TraceContextError on such a model.
+    graphdef, state = ts.init_train_state(_model(CONFIG.replace(remat="full")), setup["tx"])
+    got = ts.LogprobFn(graphdef, temperature=TEMPERATURE, micro_batch_size=3)(state.params, setup["collated"])
+    np.testing.assert_allclose(np.asarray(got), setup["current"], rtol=1e-5, atol=1e-6)
+
+
 def test_logprob_fn_matches_the_model_and_the_step(setup):
     graphdef, state, collated = setup["graphdef"], setup["state"], setup["collated"]
     model = nnx.merge(graphdef, state.params)

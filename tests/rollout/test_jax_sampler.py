@@ -82,6 +82,19 @@ def test_batched_greedy_equals_uncached_reference(model):
         assert c.finish_reason == ("stop" if c.token_ids[-1] == STOP else "length")
 
 
+def test_a_model_with_remat_samples_as_the_model_without(model):
+    # The trainer's model carries its remat policy (the study's policy.remat='full') into the sampler,
+    # whose decode loop could not trace it (TraceContextError) before sampling skipped remat.
+    cfg = model.config.replace(remat="full")
+    remat = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
+    nnx.update(remat, nnx.state(model, nnx.Param))
+    ps = prompts(4, 2)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
+    got = JaxSampler(remat, small()).generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
+    for p, c in zip(ps, got):
+        assert c.token_ids == greedy_reference(model, p, 12)
+
+
 def test_logprobs_equal_what_the_trainer_recomputes(model):
     sampler = JaxSampler(model, small(seed=3))
     ps = prompts(1, 2)

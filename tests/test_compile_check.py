@@ -1,0 +1,152 @@
+"""`intraskill compile-check`: a config's programs compiled for a TPU slice on this CPU machine.
+
+The compile tests need libtpu (`pip install 'jax[tpu]'`; no TPU) and skip without it.
+"""
+
+import importlib.util
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+from jax.sharding import AbstractMesh
+
+from intraskill_jax import compile_check, runconfig
+from intraskill_jax.models import ModelConfig, causal_lm_class
+from intraskill_jax.models import sharding as sharding_lib
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="compile-check compiles for TPU topologies through libtpu, which is not installed "
+           f"(pip install 'jax[tpu]=={jax.__version__}'; no TPU needed)")
+
+# Two layers, one of each kind, a short context and small batches: the programs a run jits, at a
+# size that compiles in seconds. fsdp=2 x tensor=2 on the four chips of v5p:2x2x1 splits some
+# parameters over both axes, some over one and leaves the norms whole.
+TINY = {
+    "policy.init": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, linear_key_head_dim=16, linear_value_head_dim=8,
+                        layer_types=("linear_attention", "full_attention")),
+    "policy.tokenizer_vocab_size": 256,
+    "policy.remat": "full",
+    "agent.max_context_tokens": 256,
+    "train.groups_per_step": 2, "train.group_size": 2, "train.optim.micro_batch_size": 2,
+    "rollout.sampler.max_batch": 4, "rollout.sampler.max_length": 512, "rollout.sampler.prefill_buckets": (64,),
+    "rollout.sampler.decode_buckets": (16,), "rollout.sampling.max_new_tokens": 16,
+    "mesh.data": 1, "mesh.fsdp": 2, "mesh.tensor": 2,
+}
+
+
+def tiny_config(**overrides):
+    return runconfig.with_overrides(runconfig.load_file("configs/quickstart.py"), {**TINY, **overrides})
+
+
+def predicted_param_bytes(model_config, mesh_shape):
+    """Per-chip bytes of every parameter under the sharding rules: its bytes over the product of
+    the mesh axes its partition spec names."""
+    mesh = AbstractMesh(tuple(mesh_shape.values()), tuple(mesh_shape))
+    model = nnx.eval_shape(lambda: causal_lm_class(model_config)(model_config, rngs=nnx.Rngs(0)))
+    total = 0
+    for _, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = var.get_value()
+        spec = sharding_lib.logical_to_spec(sharding_lib.logical_axes(var), value.shape, mesh)
+        axes = [a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry)]
+        shards = math.prod(mesh_shape[a] for a in axes)
+        nbytes = math.prod(value.shape) * jnp.dtype(value.dtype).itemsize
+        assert nbytes % shards == 0
+        total += nbytes // shards
+    return total
+
+
+@needs_libtpu
+def test_parameter_bytes_per_chip_follow_the_sharding_rules():
+    config = tiny_config()
+    report = compile_check.check(config, compile_check.parse_topology("v5p:2x2x1"))
+    assert report.chips == 4 and report.mesh == {"data": 1, "fsdp": 2, "tensor": 2}
+    assert [p.name for p in report.programs] == ["prefill", "decode", "train_step", "logprobs"]
+    model_config, _ = compile_check.model_config(config)
+    assert model_config.dtype == "bfloat16" and model_config.remat == "full"  # 'auto' means the TPU's dtype
+    params = predicted_param_bytes(model_config, report.mesh)
+    # The embedding alone: [vocab 256, hidden 64] bf16, vocab over tensor and hidden over fsdp.
+    assert params > 256 * 64 * 2 // 4
+    for program in report.programs:  # the sampler holds the trainer's parameters in the same layout
+        assert program.fits and program.arguments["params"] == params, program.name
+    step = report.programs[2]
+    # AdamW keeps two moments shaped like the parameters (same layout), plus scalar counters.
+    assert 0 <= step.arguments["optimizer"] - 2 * params < 64
+    assert step.argument_bytes >= sum(step.arguments.values()) and step.total_bytes >= step.argument_bytes
+    # The quickstart samples in process: its cache stays allocated through the update.
+    assert step.resident_bytes == report.programs[1].arguments["cache"] > 0
+    assert step.flops > 0 and step.seconds == pytest.approx(step.flops / (459e12 * 0.4))
+
+
+@needs_libtpu
+def test_a_setting_too_large_for_the_chip_exits_nonzero_naming_the_knobs(caplog):
+    # The quickstart's one attention layer with 512 rows x 128K slots: 2 x 512 x 2 heads x 131072 x
+    # 32 dims of bfloat16 keys and values is 16 GiB, on every chip (the cache starts replicated).
+    argv = ["--config=configs/quickstart.py", "--topology=v5e-4", "--programs=prefill",
+            "--config.rollout.sampler.max_batch=512", "--config.rollout.sampler.max_length=131072",
+            "--config.rollout.sampler.prefill_buckets=(32,)"]
+    with caplog.at_level(logging.ERROR, logger="intraskill_jax.compile_check"), pytest.raises(SystemExit) as exit_:
+        compile_check.main(argv)
+    assert exit_.value.code == 1
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert "prefill" in message and "v5e-4" in message
+    for knob in ("rollout.sampler.max_batch (now 512)", "rollout.sampler.max_length (now 131072)", "mesh.fsdp"):
+        assert knob in message
+
+
+@needs_libtpu
+def test_flops_per_chip_count_every_loop_iteration_on_each_chips_rows():
+    topology = compile_check.parse_topology("v5p:2x2x1")
+    mesh = jax.make_mesh((4,), ("fsdp",), devices=topology.devices(), axis_types=(jax.sharding.AxisType.Auto,))
+    xs = jax.ShapeDtypeStruct((6, 512, 256), jnp.bfloat16, sharding=jax.NamedSharding(mesh, jax.P(None, "fsdp")))
+    w = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16, sharding=jax.NamedSharding(mesh, jax.P()))
+
+    def program(xs, w):
+        return jax.lax.scan(lambda c, x: (c + jnp.tanh(x @ w).sum(), None), 0.0, xs)[0]
+
+    args = (xs, w)
+    traced = jax.jit(program).trace(*args)
+    report = compile_check.measure(
+        compile_check.Program(name="scan", traced=traced, args=args, group=lambda path: "inputs", while_trips=1,
+                              runs=True, knobs=()), topology.chip, 0.5)
+    # Six [512, 256] @ [256, 256] products, each chip multiplying its 128 of the 512 rows.
+    assert report.flops == pytest.approx(6 * 2 * 128 * 256 * 256, rel=0.01)
+    assert report.arguments == {"inputs": (6 * 128 * 256 + 256 * 256) * 2}
+
+
+def test_topology_names_map_to_chip_grids():
+    assert compile_check.parse_topology("v5p-8").chips == 4  # v5p-N counts TensorCores, two per chip
+    assert compile_check.parse_topology("v5p-64").shape == "2x4x4"
+    assert compile_check.parse_topology("v6e-64").chips == 64 and compile_check.parse_topology("v5e-16").shape == "4x4"
+    assert compile_check.parse_topology("v6e:2x4").chips == 8
+    with pytest.raises(compile_check.CompileCheckError, match="v5p-8"):
+        compile_check.parse_topology("v7x-8")
+
+
+def test_matmul_flops_run_scans_to_their_length_and_while_loops_their_trips():
+    w = jnp.ones((8, 16))
+
+    def program(xs):
+        def body(carry, x):
+            return carry + jax.lax.cond(x.sum() > 0, lambda x: x @ w, lambda x: jnp.zeros((4, 16)), x).sum(), None
+
+        scanned = jax.lax.scan(body, 0.0, xs)[0]
+        looped = jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ w @ w.T), (0, xs[0]))[1]
+        return scanned + looped.sum()
+
+    jaxpr = jax.make_jaxpr(program)(jnp.ones((5, 4, 8))).jaxpr
+    one = 2 * 4 * 8 * 16  # a [4, 8] @ [8, 16] product
+    once, full = compile_check.matmul_flops(jaxpr, while_trips=3)
+    assert once == one + 2 * one  # the scanned product, and the loop's two products
+    assert full == 5 * one + 3 * 2 * one
+
+
+def test_model_config_falls_back_to_the_published_architecture_for_a_placeholder_path():
+    config = runconfig.load_file("configs/qwen3_4b.py")
+    model_config, source = compile_check.model_config(config)
+    assert model_config == ModelConfig.qwen3_4b(dtype="bfloat16", param_dtype="bfloat16", remat="full")
+    assert "qwen3_4b" in source and config.policy.path in source
