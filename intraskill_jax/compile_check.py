@@ -141,8 +141,8 @@ def parse_topology(name: str) -> Topology:
 
 def model_config(config: runconfig.RunConfig) -> tuple[ModelConfig, str]:
     """The policy's architecture and where it came from: policy.path's config.json, the published
-    architecture of agent.family when that path does not exist (a placeholder in the study's
-    configs), or the fresh tiny model when policy.path is empty. Numerics follow `policy`; 'auto'
+    architecture its directory name names when that path does not exist (a placeholder in the
+    study's configs), or the fresh tiny model when policy.path is empty. Numerics follow `policy`; 'auto'
     dtype is bfloat16, what a TPU run uses."""
     p = config.policy
     overrides = {"dtype": "bfloat16" if p.dtype == "auto" else p.dtype, "remat": p.remat,
@@ -154,15 +154,17 @@ def model_config(config: runconfig.RunConfig) -> tuple[ModelConfig, str]:
     path = runconfig.resolve_repo_path(p.path)
     if (path / "config.json").is_file():
         return ModelConfig.from_json_file(path, **overrides), f"{path}/config.json"
-    presets = {"qwen3_5": ModelConfig.qwen3_5_4b, "qwen3": ModelConfig.qwen3_4b}
-    if config.agent.family not in presets:
-        raise CompileCheckError(f"policy.path {path} has no config.json and agent.family={config.agent.family!r} "
-                                f"has no published architecture here ({sorted(presets)}): point policy.path at a "
+    # The study's configs name a checkpoint directory that is not on this machine; its name says
+    # which published architecture it holds.
+    published = {"Qwen3.5-4B": ModelConfig.qwen3_5_4b, "Qwen3-4B": ModelConfig.qwen3_4b}
+    if path.name not in published:
+        raise CompileCheckError(f"policy.path {path} has no config.json and its name is none of the published "
+                                f"architectures known here ({sorted(published)}): point policy.path at a "
                                 "checkpoint directory")
-    name = presets[config.agent.family].__name__
-    log.info("policy.path %s does not exist: checking the %s architecture (ModelConfig.%s)", path,
-             config.agent.family, name)
-    return presets[config.agent.family](**overrides), f"ModelConfig.{name} (policy.path {path} does not exist)"
+    build = published[path.name]
+    log.info("policy.path %s does not exist: checking the %s architecture (ModelConfig.%s)", path, path.name,
+             build.__name__)
+    return build(**overrides), f"ModelConfig.{build.__name__} (policy.path {path} does not exist)"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
