@@ -25,7 +25,8 @@ Modes:
 Required:
   --config FILE        trainer config, relative to the repository root (configs/qwen3_5_4b.py)
   --workdir DIR        run directory. On a pod every worker writes checkpoints there, so use
-                       storage all workers share (gs://bucket/run or an NFS mount).
+                       storage all workers share (gs://bucket/run or an NFS mount); a gs://
+                       one installs the package with its gcs extra (gcsfs).
   --name TPU           (tpu) the TPU VM name
   --zone ZONE          (tpu) its zone
 
@@ -214,6 +215,9 @@ else
   [[ $SERVER_WORKER == all ]] || die "--server-worker is for tpu mode"
   : "${JAX_PACKAGE:=jax[cuda12]}"
 fi
+# A gs:// run directory is read and written through gcsfs (the package's `gcs` extra).
+PACKAGE_SPEC=.
+[[ $WORKDIR != gs://* ]] || PACKAGE_SPEC=".[gcs]"
 if [[ $MODE == tpu && $INSTALL == 1 ]]; then
   die "--install is for gpu mode (tpu mode installs unless --skip-install)"
 fi
@@ -296,7 +300,7 @@ launch_tpu() {
     tpu_ssh all "$(quote rm -rf "$REMOTE_DIR") && $(quote mkdir -p "$REMOTE_DIR") && $(quote tar -xzf "$archive" -C "$REMOTE_DIR")"
   fi
   if [[ $SKIP_INSTALL == 0 ]]; then
-    tpu_ssh all "cd $REMOTE_DIR && $(quote "$PYTHON" -m pip install -e . "$JAX_PACKAGE" "${PIP_ARGS[@]}")"
+    tpu_ssh all "cd $REMOTE_DIR && $(quote "$PYTHON" -m pip install -e "$PACKAGE_SPEC" "$JAX_PACKAGE" "${PIP_ARGS[@]}")"
   fi
 
   local url=$ROLLOUT_URL
@@ -338,7 +342,7 @@ launch_tpu() {
 
 launch_gpu() {
   if [[ $INSTALL == 1 ]]; then
-    run "$PYTHON" -m pip install -e . "$JAX_PACKAGE" "${PIP_ARGS[@]}"
+    run "$PYTHON" -m pip install -e "$PACKAGE_SPEC" "$JAX_PACKAGE" "${PIP_ARGS[@]}"
   fi
   local url=$ROLLOUT_URL
   if [[ $START_SERVER == 1 ]]; then

@@ -10,9 +10,12 @@ Each step directory `<dir>/<step>/` holds two items:
   dtype (for a clear mismatch message before any read), and the loop's `extra` dict (data cursor,
   skill-bank version, ...).
 
-Orbax writes a step into `<step>.orbax-checkpoint-tmp-*` and renames it into place only when
-every item is complete, so a kill at any moment leaves either the finished step or an ignored
-temporary directory (removed when the next Checkpointer opens the directory).
+The directory may be local or gs:// (a `rundir` path); orbax commits a step in the way each store
+allows. Locally it writes `<step>.orbax-checkpoint-tmp` and renames it into place once every item
+is complete; on gs://, where a rename is not atomic, it writes `<step>/` directly and
+`<step>/commit_success.txt` last. Either way a kill at any moment leaves the finished step or an
+unfinished one that is never listed or restored (and is removed when the next Checkpointer opens
+the directory).
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Self
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
+from intraskill_jax import rundir
 from intraskill_jax.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -112,7 +116,8 @@ class Checkpointer:
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3, async_save: bool = True):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 (or None to keep all), got {max_to_keep}")
-        self.directory = Path(directory).absolute()
+        directory = rundir.run_path(directory)
+        self.directory = directory if rundir.is_remote(directory) else directory.absolute()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True,
             enable_async_checkpointing=async_save)
@@ -126,7 +131,7 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def step_path(self, step: int) -> Path:
+    def step_path(self, step: int) -> epath.Path:
         return self.directory / str(step)
 
     # -- save
@@ -163,6 +168,7 @@ class Checkpointer:
         }
         self._manager.save(int(step), args=ocp.args.Composite(
             state=ocp.args.StandardSave(_nest(items)), meta=ocp.args.JsonSave(meta)), force=True)
+        rundir.reached("checkpoint_commit")  # an async save is still writing: the step is not committed
 
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()
@@ -219,7 +225,7 @@ class Checkpointer:
             rng = data if rng_impl == "raw" else jax.random.wrap_key_data(data, impl=rng_impl)
         return Restored(step=step, state=state, rng=rng, extra=meta.get("extra", {}))
 
-    def _read_meta(self, step: int, path: Path) -> dict[str, Any]:
+    def _read_meta(self, step: int, path: epath.Path) -> dict[str, Any]:
         try:
             meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
         except Exception as e:

@@ -26,11 +26,11 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 
 from sim.env import ShopEnv
 from sim.world import World, build_world
@@ -46,7 +46,7 @@ from intraskill_jax.rollout.base import RolloutEngine, WeightUpdate
 from intraskill_jax.rollout.factory import make_engine
 from intraskill_jax.runconfig import RunConfig, resolve_repo_path
 from intraskill_jax.skills.analysts import make_analyst, propose
-from intraskill_jax.skills.bank import SkillBank, latest_round
+from intraskill_jax.skills.bank import SkillBank
 from intraskill_jax.skills.gate import Outcome, run_gate
 from intraskill_jax.skills.masks import retry_context, sample_contexts
 from intraskill_jax.warm_start import warm_start
@@ -64,19 +64,18 @@ _MASKS, _GATE, _ANALYSTS, _GATE_SAMPLING = 1, 2, 3, 4
 class Coevolution:
     """One training run in `workdir`; `run()` trains to the end (resuming whatever is there)."""
 
-    def __init__(self, config: RunConfig, workdir: str | Path, policy_path: str | Path, *, world: World,
+    def __init__(self, config: RunConfig, workdir: rundir.PathLike, policy_path: rundir.PathLike, *, world: World,
                  progress: bool | Progress = True, mesh: Any = None, engine: RolloutEngine | None = None):
         """The loop on the starting policy at `policy_path` (see `start`); constructing it loads the
         policy and restores the newest checkpoint, it trains nothing. `engine` replaces the
         configured rollout engine (e.g. a scripted policy in a test)."""
-        self.workdir, self.world = Path(workdir), world
+        self.workdir, self.world = rundir.run_path(workdir), world
         self.progress = as_progress(progress)
-        self.workdir.mkdir(parents=True, exist_ok=True)
         _check_config_unchanged(config, self.workdir)
         # The agent's tool-call format follows the policy's model family (its config.json).
         self.config = config = config.for_policy(policy_path)
         self.lang = config.sim.catalog.lang
-        self.policy_path = Path(policy_path)
+        self.policy_path = rundir.run_path(policy_path)
         self.tokenizer = load_tokenizer(self.policy_path, config.agent)
         # Accelerators shard over the configured mesh; CPU "devices" are test fakes (or host
         # threads) that sharding would only slow down.
@@ -102,12 +101,11 @@ class Coevolution:
                                         and any(k.startswith("gate/") for k in row))
 
     @classmethod
-    def start(cls, config: RunConfig, workdir: str | Path, *, progress: bool | Progress = True,
+    def start(cls, config: RunConfig, workdir: rundir.PathLike, *, progress: bool | Progress = True,
               world: World | None = None, mesh: Any = None, engine: RolloutEngine | None = None) -> Coevolution:
         """Prepares the run's starting policy (the base model, then the warm start's SFT, each
         skipped when already done in `workdir`) and returns the loop on it."""
-        workdir, progress = Path(workdir), as_progress(progress)
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir, progress = rundir.run_path(workdir), as_progress(progress)
         _check_config_unchanged(config, workdir)  # before any work: a resumed run keeps its config
         with progress.stage("setup", 1) as bar:
             world = world or build_world(config.sim)
@@ -120,7 +118,7 @@ class Coevolution:
     # -- state -------------------------------------------------------------------------------------
 
     def _load_bank(self) -> SkillBank:
-        k = latest_round(self.workdir)
+        k = rundir.latest_round(self.workdir)
         if k is not None:
             return SkillBank.load_round(self.workdir, k)
         bank = SkillBank.load(resolve_repo_path(self.config.skills.initial))
@@ -187,14 +185,11 @@ class Coevolution:
         self.export_final()
         return self.bank
 
-    def export_final(self) -> Path:
+    def export_final(self) -> epath.Path:
         """The trained policy as an HF directory, `<workdir>/hf/final/` (what evaluation loads)."""
-        from intraskill_jax.models.params import save_pretrained
-
-        model = self.learner.model()
-        out = rundir.publish_dir(self.workdir / "hf" / "final", lambda tmp: (
-            save_pretrained(model, tmp, hf_config=self.learner.hf_config), self.tokenizer.save_pretrained(tmp)))
-        rundir.write_json(self.workdir / "hf" / "final.json", {"step": self.learner.step, "bank_round": self.bank.round})
+        out = rundir.publish_policy(rundir.final_policy_dir(self.workdir), self.learner.model(), self.tokenizer,
+                                    hf_config=self.learner.hf_config)
+        rundir.write_json(rundir.final_record_path(self.workdir), {"step": self.learner.step, "bank_round": self.bank.round})
         return out
 
     def gate(self) -> SkillBank:
@@ -239,7 +234,9 @@ class Coevolution:
         self.learner.metrics.write(step, metrics)
         nxt = result.bank
         self.learner.metrics.text(step, f"skills/round_{nxt.round}", _bank_markdown(nxt, self.lang))
+        rundir.reached("gate_recorded")
         nxt.save_round(self.workdir)  # ledger.json last: the commit point of the round
+        rundir.reached("bank_committed")
         self.bank = nxt
         log.info("round %d closed at step %d: %d -> %d active chunks, %d proposals, %d accepted",
                  r, step, len(bank.active), len(nxt.active), len(batch.proposals), funnel["accepted"])
@@ -278,11 +275,11 @@ def _bank_markdown(bank: SkillBank, lang: str) -> str:
     return "\n".join(lines)
 
 
-def _check_config_unchanged(config: RunConfig, workdir: Path) -> None:
+def _check_config_unchanged(config: RunConfig, workdir: epath.Path) -> None:
     """A resumed run must use the config it started with (`config.json`); a changed one is an error."""
-    path = workdir / "config.json"
+    path = rundir.config_path(workdir)
     if path.is_file():
-        if json.loads(path.read_text(encoding="utf-8")) != json.loads(config.to_json()):
+        if rundir.read_json(path) != json.loads(config.to_json()):
             raise ValueError(f"{workdir} holds a run with a different config ({path}); use a new --workdir "
                              "or the original config")
         return

@@ -17,10 +17,10 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 from sim.world import World, build_world
 
@@ -31,7 +31,7 @@ from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.rollout.base import RolloutEngine, WeightUpdate
 from intraskill_jax.rollout.factory import make_engine
 from intraskill_jax.runconfig import CONDITIONS, RunConfig, resolve_repo_path
-from intraskill_jax.skills.bank import SkillBank, latest_round
+from intraskill_jax.skills.bank import SkillBank
 
 log = logging.getLogger(__name__)
 
@@ -66,43 +66,43 @@ def parse_condition(spec: str) -> Condition:
     return Condition(name, policy, skill)
 
 
-def policy_path(config: RunConfig, workdir: Path, which: str, world: World) -> Path:
+def policy_path(config: RunConfig, workdir: rundir.PathLike, which: str, world: World) -> epath.Path:
     if which == "base":  # the policy training started from: the warm start if there was one
-        sft = workdir / "sft" / "hf"
-        return sft if (sft / "config.json").is_file() else prepare_policy(config, workdir, world)
+        sft = rundir.sft_policy_dir(workdir)
+        return sft if rundir.is_published(sft) else prepare_policy(config, workdir, world)
     if which == "trained":
-        path = workdir / "hf" / "final"
-        if not (path / "config.json").is_file():
+        path = rundir.final_policy_dir(workdir)
+        if not rundir.is_published(path):
             raise FileNotFoundError(f"{path} not found: training has not finished in {workdir} "
                                     "(run `intraskill train` first, or name a policy directory)")
         return path
-    path = resolve_repo_path(which)
+    path = rundir.run_path(resolve_repo_path(which))
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"policy {which!r} is neither base, trained nor an HF directory")
     return path
 
 
-def skill_bank(config: RunConfig, workdir: Path, which: str) -> SkillBank | None:
+def skill_bank(config: RunConfig, workdir: rundir.PathLike, which: str) -> SkillBank | None:
     if which == "none":
         return None
     if which == "initial":
-        return (SkillBank.load_round(workdir, 0) if latest_round(workdir) is not None
+        return (SkillBank.load_round(workdir, 0) if rundir.latest_round(workdir) is not None
                 else SkillBank.load(resolve_repo_path(config.skills.initial)))
     if which == "final":
-        k = latest_round(workdir)
+        k = rundir.latest_round(workdir)
         if k is None:
             raise FileNotFoundError(f"no skills/round_K/ under {workdir}: training has not started there")
         return SkillBank.load_round(workdir, k)
     return SkillBank.load(resolve_repo_path(which))
 
 
-def evaluate(config: RunConfig, workdir: str | Path, conditions: Sequence[Condition] | None = None, *,
+def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[Condition] | None = None, *,
              world: World | None = None, progress: bool | Progress = True,
-             out: Path | None = None) -> list[dict[str, Any]]:
+             out: rundir.PathLike | None = None) -> list[dict[str, Any]]:
     """Plays every condition on the same test tasks; writes (to `out`, default eval/outcomes.jsonl)
     and returns the outcome rows."""
     progress = as_progress(progress)
-    workdir = Path(workdir)
+    workdir = rundir.run_path(workdir)
     conditions = list(conditions or [DEFAULT[c] for c in config.eval.conditions])
     names = [c.name for c in conditions]
     if len(set(names)) != len(names):

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from absl import app, flags
+from etils import epath
 from ml_collections import config_flags
 
 from intraskill_jax import runconfig
@@ -69,11 +70,17 @@ def _setup(command: str):
         config = runconfig.load(_CONFIG.value) if _CONFIG.value is not None else runconfig.load_file(QUICKSTART)
     except runconfig.ConfigError as e:
         raise SystemExit(f"intraskill {command}: {e}") from None
-    workdir = Path(_WORKDIR.value or f"runs/{config.name}")
+    from intraskill_jax import rundir
+
+    try:
+        workdir = rundir.run_path(_WORKDIR.value or f"runs/{config.name}")
+    except (ValueError, ImportError) as e:
+        raise SystemExit(f"intraskill {command}: --workdir: {e}") from None
     return config, workdir, Progress(job_plan(config, command), enabled=not _QUIET.value)
 
 
 def _train(config, workdir, progress):
+    from intraskill_jax import rundir
     from intraskill_jax.coevolve import Coevolution
 
     run = Coevolution.start(config, workdir, progress=progress)
@@ -81,7 +88,7 @@ def _train(config, workdir, progress):
         bank = run.run()
     finally:
         run.close()
-    progress.write(f"trained policy: {workdir / 'hf' / 'final'}; final skill: {bank.name} ({len(bank.active)} chunks)")
+    progress.write(f"trained policy: {rundir.final_policy_dir(workdir)}; final skill: {bank.name} ({len(bank.active)} chunks)")
 
 
 def _eval(config, workdir, progress):
@@ -105,24 +112,22 @@ def _rank(config, workdir, progress):
 
     bank = skill_bank(config, workdir, "final")
     rows = evaluate(config, workdir, ranking_conditions(bank, _K.value, config.eval.seed), progress=progress,
-                    out=rundir.eval_outcomes_path(workdir).with_name("ranking.jsonl"))
+                    out=rundir.ranking_outcomes_path(workdir))
     progress.write(format_condition_table(condition_table(rows)))
 
 
 def _multiseed(config, workdir, progress):
     """Trains and evaluates one run per seed (`<workdir>/seed_<s>/`) and pools the conditions."""
-    import dataclasses
-    import json
-
     import numpy as np
 
+    from intraskill_jax import rundir
     from intraskill_jax.analysis.results import condition_table
     from intraskill_jax.evaluate import evaluate
 
     per_seed = {}
     for seed in (int(s) for s in _SEEDS.value):
         cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed))
-        out = workdir / f"seed_{seed}"
+        out = rundir.seed_run_dir(workdir, seed)
         with Progress(job_plan(cfg, "multiseed"), enabled=progress.enabled) as seed_progress:  # one display per seed
             _train(cfg, out, seed_progress)
             rows = evaluate(cfg, out, progress=seed_progress)
@@ -134,7 +139,7 @@ def _multiseed(config, workdir, progress):
                         "success_sd": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
                         "per_seed": values.tolist()}
         print(f"{cond:16s} success {values.mean():.3f} +- {pooled[cond]['success_sd']:.3f} over {len(values)} seeds")
-    (workdir / "multiseed.json").write_text(json.dumps({"seeds": list(per_seed), "conditions": pooled}, indent=1))
+    rundir.write_json(rundir.multiseed_path(workdir), {"seeds": list(per_seed), "conditions": pooled})
 
 
 def main(argv: list[str]) -> None:
@@ -146,7 +151,7 @@ def main(argv: list[str]) -> None:
         _summary(workdir)
 
 
-def _command(command: str, config: runconfig.RunConfig, workdir: Path, progress: Progress) -> None:
+def _command(command: str, config: runconfig.RunConfig, workdir: epath.Path, progress: Progress) -> None:
     # Our progress lines at INFO; library chatter (orbax, absl, jax) only from WARNING up.
     logging.getLogger().setLevel(logging.WARNING)
     for name in ("intraskill_jax", "sim"):

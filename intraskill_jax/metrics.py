@@ -3,7 +3,8 @@
 Names are slash-scoped with a fixed set of prefixes (train/, rollout/, skills/, gate/, eval/,
 perf/), so dashboards group them and a typo'd scope fails loudly instead of making a new panel.
 `metrics.jsonl` holds one JSON object per (step, scope) write; it is append-only and the source
-the bundle and report are built from.
+the bundle and report are built from. Both live in the run directory, local or gs://
+(`rundir.JsonlLog`; tensorboardX writes gs:// event files itself).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
+
+from intraskill_jax import rundir
 
 PREFIXES = ("train/", "rollout/", "skills/", "gate/", "eval/", "perf/")
 
@@ -28,11 +30,10 @@ class MetricsWriter:
     """
 
     def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True, rewind_to: int | None = None):
-        self.dir = Path(workdir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = rundir.run_path(workdir)
+        self._jsonl = rundir.JsonlLog(rundir.metrics_path(workdir))
         if rewind_to is not None:
             self.rewind(lambda row: row["step"] > rewind_to)
-        self._jsonl = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -40,23 +41,16 @@ class MetricsWriter:
             purge = None if rewind_to is None else rewind_to + 1
             # A unique, time-ordered suffix: two writers in the same second (a fast resume) must
             # not share an event file, and readers order files by name.
-            self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=purge, filename_suffix=f".{time.time_ns():020d}")
+            self._tb = SummaryWriter(str(rundir.tensorboard_dir(workdir)), purge_step=purge,
+                                     filename_suffix=f".{time.time_ns():020d}")
 
     def rewind(self, drop: Callable[[dict[str, Any]], bool]) -> int:
         """Rewrites `metrics.jsonl` without the rows `drop` selects (and a torn last line)."""
-        path = self.dir / "metrics.jsonl"
-        if not path.exists():
+        if not rundir.metrics_path(self.dir).exists():
             return 0
         rows = read_metrics(self.dir)
         kept = [r for r in rows if not drop(r)]
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-        reopen = getattr(self, "_jsonl", None) is not None and not self._jsonl.closed
-        if reopen:
-            self._jsonl.close()
-        os.replace(tmp, path)
-        if reopen:
-            self._jsonl = open(path, "a", encoding="utf-8")
+        self._jsonl.rewrite(kept)
         return len(rows) - len(kept)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -69,8 +63,7 @@ class MetricsWriter:
             row[name] = v if math.isfinite(v) else None
             if self._tb is not None:
                 self._tb.add_scalar(name, v, int(step))
-        self._jsonl.write(json.dumps(row) + "\n")
-        self._jsonl.flush()
+        self._jsonl.append(row)
 
     def text(self, step: int, name: str, text: str) -> None:
         """A text summary (e.g. the skill bank of a round)."""
@@ -93,10 +86,9 @@ class MetricsWriter:
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
     """Rows of `metrics.jsonl`; a torn last line (a killed run) is skipped, not an error."""
-    path = Path(workdir) / "metrics.jsonl"
+    path = rundir.metrics_path(workdir)
     rows = []
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    lines = path.read_text(encoding="utf-8").split("\n")
     for i, line in enumerate(lines):
         if not line.strip():
             continue

@@ -2,18 +2,20 @@
 
 `prepare_policy` gives the starting HF directory: `policy.path`, or a fresh Qwen3.5-architecture
 model with a tokenizer trained on the simulator's text, saved under `<workdir>/base/` exactly as a
-downloaded checkpoint would be. `play` is how every stage of a run (the gate, the evaluation) rolls
-the policy out on the shop: seeded, so the same call replays the same episodes.
+downloaded checkpoint would be. `load_policy` and `load_tokenizer` read the HF directories of a run
+(`rundir.publish_policy` writes them), from gs:// through a local copy: the safetensors reader maps
+local files and HF tokenizers read only local ones. `play` is how every stage of a run (the gate,
+the evaluation) rolls the policy out on the shop: seeded, so the same call replays the same episodes.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
+from etils import epath
 
 from sim.env import ShopEnv
 from sim.world import World
@@ -29,7 +31,7 @@ from intraskill_jax.tokenization import ToolFormat
 log = logging.getLogger(__name__)
 
 
-def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path:
+def prepare_policy(config: RunConfig, workdir: rundir.PathLike, world: World) -> epath.Path:
     """The HF directory of the starting policy: `policy.path`, or a fresh model under `<workdir>/base/`.
 
     The fresh model is `ModelConfig.tiny_qwen3_5` under `policy.init` (a Qwen3.5-architecture
@@ -39,17 +41,16 @@ def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path
     checkpoint would be.
     """
     if config.policy.path:
-        path = resolve_repo_path(config.policy.path)
+        path = rundir.run_path(resolve_repo_path(config.policy.path))
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"policy.path {path} has no config.json: point it at an HF checkpoint directory")
         return path
-    base = Path(workdir) / "base"
-    if (base / "config.json").is_file() and (base / "tokenizer.json").is_file():
+    base = rundir.base_policy_dir(workdir)
+    if rundir.is_published(base):
         return base
     from flax import nnx
 
     from intraskill_jax.models import ModelConfig, get_family
-    from intraskill_jax.models.params import save_pretrained
     from intraskill_jax.tokenization import train_tokenizer
 
     model_config = ModelConfig.tiny_qwen3_5(**config.policy.init)
@@ -58,7 +59,7 @@ def prepare_policy(config: RunConfig, workdir: str | Path, world: World) -> Path
                                 tool_format=family.tool_format, template=config.policy.chat_template)
     model_config = model_config.replace(vocab_size=len(tokenizer))
     model = family.model_class(model_config, rngs=nnx.Rngs(config.train.seed))
-    rundir.publish_dir(base, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
+    rundir.publish_policy(base, model, tokenizer)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     log.info("fresh policy (%d parameters, vocab %d) saved to %s", n_params, len(tokenizer), base)
     return base
@@ -100,23 +101,25 @@ def _corpus(config: RunConfig, world: World, tool_format: ToolFormat, episodes: 
     return texts
 
 
-def load_policy(config: RunConfig, path: str | Path, mesh: Any = None) -> Any:
+def load_policy(config: RunConfig, path: rundir.PathLike, mesh: Any = None) -> Any:
     from intraskill_jax.models.params import load_pretrained
 
     dtype = None if config.policy.dtype == "auto" else config.policy.dtype
     p = config.policy
-    return load_pretrained(path, mesh=mesh, dtype=dtype, remat=p.remat, gdn_chunk_size=p.gdn_chunk_size,
-                           attention_block_size=p.attention_block_size)
+    with rundir.local_dir(path) as local:
+        return load_pretrained(local, mesh=mesh, dtype=dtype, remat=p.remat, gdn_chunk_size=p.gdn_chunk_size,
+                               attention_block_size=p.attention_block_size)
 
 
-def load_tokenizer(path: str | Path, agent: AgentConfig) -> Any:
+def load_tokenizer(path: rundir.PathLike, agent: AgentConfig) -> Any:
     """The HF tokenizer at `path`, its chat template checked against the agent loop's rendering
     under `agent` (tool-call format, thinking) before any rollout: raises ChatTemplateError if they differ."""
     from transformers import AutoTokenizer
 
     from intraskill_jax.tokenization import check_template
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    with rundir.local_dir(path, skip=("*.safetensors",)) as local:
+        tokenizer = AutoTokenizer.from_pretrained(str(local))
     check_template(tokenizer, tool_format=agent.tool_format, enable_thinking=agent.enable_thinking)
     return tokenizer
 

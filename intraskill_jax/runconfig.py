@@ -359,8 +359,11 @@ def with_overrides(config: RunConfig, overrides: Mapping[str, Any]) -> RunConfig
     return load(values)
 
 
-def resolve_repo_path(path: str) -> Path:
-    """A config path: absolute, relative to the current directory, or to the repository root."""
+def resolve_repo_path(path: str) -> str | Path:
+    """A config path: a URL (gs://..., returned as it is: `Path` would collapse its `//`), absolute,
+    relative to the current directory, or to the repository root."""
+    if "://" in path:
+        return path
     p = Path(path)
     if p.is_absolute() or p.exists():
         return p

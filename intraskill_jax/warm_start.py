@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
+from etils import epath
 
 from sim.env import ShopEnv
 from sim.world import World
@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 _DEMOS = 5
 
 
-def warm_start(config: RunConfig, workdir: str | Path, base: Path, world: World, *,
-               progress: bool | Progress = True) -> Path:
+def warm_start(config: RunConfig, workdir: rundir.PathLike, base: epath.Path, world: World, *,
+               progress: bool | Progress = True) -> epath.Path:
     """SFT on oracle demonstrations (rendered by the agent loop under training-like skill masks).
 
     Returns the HF directory of the warm-started policy, `<workdir>/sft/hf/` (or `base` when the
@@ -42,22 +42,21 @@ def warm_start(config: RunConfig, workdir: str | Path, base: Path, world: World,
     ws = config.warm_start
     if not ws.enabled:
         return base
-    sft_dir = Path(workdir) / "sft"
-    out = sft_dir / "hf"
-    if (out / "config.json").is_file():
+    out = rundir.sft_policy_dir(workdir)
+    if rundir.is_published(out):
         return out
     progress = as_progress(progress)
     with progress.stage("sft", unit="update"):  # the demonstrations and the held-out scoring too
-        return _warm_start(config, sft_dir, base, world, progress)
+        return _warm_start(config, rundir.sft_dir(workdir), out, base, world, progress)
 
 
-def _warm_start(config: RunConfig, sft_dir: Path, base: Path, world: World, progress: Progress) -> Path:
+def _warm_start(config: RunConfig, sft_dir: epath.Path, out: epath.Path, base: epath.Path, world: World,
+                progress: Progress) -> epath.Path:
     from intraskill_jax.checkpoint import Checkpointer
     from intraskill_jax.metrics import MetricsWriter
-    from intraskill_jax.models.params import save_pretrained
     from intraskill_jax.rl.sft import oracle_agreement, run_sft
 
-    ws, out = config.warm_start, sft_dir / "hf"
+    ws = config.warm_start
     tokenizer = load_tokenizer(base, config.agent)
     lang = config.sim.catalog.lang
     bank = SkillBank.load(resolve_repo_path(config.skills.initial))
@@ -75,7 +74,7 @@ def _warm_start(config: RunConfig, sft_dir: Path, base: Path, world: World, prog
                          f"agent.max_context_tokens={config.agent.max_context_tokens}; raise them")
     log.info("warm start on %d successful oracle demonstrations", len(demos))
     model = load_policy(config, base)
-    with MetricsWriter(sft_dir) as writer, Checkpointer(sft_dir / "checkpoints") as ckpt:
+    with MetricsWriter(sft_dir) as writer, Checkpointer(rundir.checkpoints_dir(sft_dir)) as ckpt:
         result = run_sft(model, demos, ws.sft, pad_id=tokenizer.pad_token_id, writer=writer, checkpointer=ckpt,
                          progress=progress)
         heldout = demonstrations(world.splits.validation[: ws.heldout_demos], 1) if ws.heldout_demos else []
@@ -85,4 +84,4 @@ def _warm_start(config: RunConfig, sft_dir: Path, base: Path, world: World, prog
             writer.write(int(result.state.step), {f"eval/sft_agree_{k}": v for k, v in agree.items()})
             log.info("warm start on %d held-out oracle runs: chance of sampling the oracle's action: %s", len(heldout),
                      ", ".join(f"{k} {v:.2f}" for k, v in agree.items()))
-    return rundir.publish_dir(out, lambda tmp: (save_pretrained(model, tmp), tokenizer.save_pretrained(tmp)))
+    return rundir.publish_policy(out, model, tokenizer)

@@ -17,12 +17,12 @@ import functools
 import os
 import signal
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 from flax import nnx
 
+from intraskill_jax import rundir
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.models import ModelConfig, causal_lm_class
 from intraskill_jax.rl import train_step as ts
@@ -68,7 +68,7 @@ def train_one(state: ts.TrainState, rng: jax.Array, cursor: int) -> tuple[ts.Tra
 def run(workdir: str | os.PathLike, total_steps: int, *, max_to_keep: int = 3) -> ts.TrainState:
     """Train to `total_steps` updates, resuming from the newest checkpoint in `workdir`."""
     state, rng, cursor = fresh_state(), jax.random.key(0), 0
-    with Checkpointer(Path(workdir) / "checkpoints", max_to_keep=max_to_keep) as ckpt:
+    with Checkpointer(rundir.checkpoints_dir(workdir), max_to_keep=max_to_keep) as ckpt:
         if ckpt.latest_step() is not None:
             restored = ckpt.restore(state)
             state, rng, cursor = restored.state, restored.rng, restored.extra["cursor"]

@@ -21,3 +21,22 @@ if "xla_force_host_platform_device_count" not in _flags:
 if "xla_backend_optimization_level" not in _flags:
     _flags += " --xla_backend_optimization_level=0"
 os.environ["XLA_FLAGS"] = _flags.strip()
+
+import pytest  # noqa: E402  (after the environment above, which must precede jax)
+
+
+@pytest.fixture(scope="session")
+def smoke_reference(tmp_path_factory):
+    """The smoke config trained once, uninterrupted (configs/quickstart.py:smoke): the run that the
+    end-to-end tests evaluate and report on, and that killed-and-resumed runs must end as."""
+    from intraskill_jax.coevolve import Coevolution
+    from tests.runs import smoke_config
+
+    workdir = tmp_path_factory.mktemp("reference")
+    config = smoke_config()
+    run = Coevolution.start(config, workdir, progress=False)
+    try:
+        run.run()
+    finally:
+        run.close()
+    return config, workdir

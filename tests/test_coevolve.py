@@ -1,40 +1,30 @@
 """The main job end to end on a shortened quickstart: warm start, two co-evolution rounds through the
 real loop (embedded JAX sampler, offline analyst, gate), the four-condition evaluation, the report,
-and a bundle that verifies. Then a run killed with SIGKILL mid-way resumes to the same records."""
+and a bundle that verifies. Then a run killed with SIGKILL at each named phase resumes to the same
+records (the same run on gs:// is tests/test_gcs_run.py)."""
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 from intraskill_jax import rundir
 from intraskill_jax.metrics import read_metrics
+from intraskill_jax.rundir import latest_round
 from intraskill_jax.skills.analysts import validate
-from intraskill_jax.skills.bank import SkillBank, latest_round
+from intraskill_jax.skills.bank import SkillBank
 
-from tests.runs import REPO, SMOKE, smoke_config
-
+from tests import runs
+from tests.runs import REPO
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_run(smoke_reference):
     from intraskill_jax.analysis.report import build_report
-    from intraskill_jax.coevolve import Coevolution
     from intraskill_jax.evaluate import evaluate
 
-    workdir = tmp_path_factory.mktemp("run")
-    config = smoke_config()
-    run = Coevolution.start(config, workdir, progress=False)
-    try:
-        run.run()
-    finally:
-        run.close()
+    config, workdir = smoke_reference
     evaluate(config, workdir, progress=False)
     build_report(workdir, progress=False)
     return config, workdir
@@ -123,55 +113,17 @@ def test_evaluation_report_and_bundle(finished_run):
     assert (workdir / "report" / "index.html").is_file()
 
 
-def _train_cmd(workdir):
-    # One round: its records must equal the first round of the two-round reference (same seeds).
-    return [sys.executable, "-m", "intraskill_jax.cli", "train", f"--config={SMOKE}", f"--workdir={workdir}",
-            "--quiet", "--config.train.rounds=1"]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_sigkilled_runs_resume_to_the_same_decisions_and_metrics(finished_run, tmp_path):
-    """Kill the trainer with SIGKILL as soon as a step's episodes are on disk (its update, weight
-    push and checkpoint still to come), twice at two different steps, resume each time, and
-    compare the finished run with the uninterrupted one."""
-    config, reference = finished_run
+def test_runs_killed_at_each_phase_resume_to_the_uninterrupted_run(smoke_reference, tmp_path):
+    """SIGKILL the trainer at each named phase in turn (`tests.runs.KILLS`: a step's episodes
+    written and not trained on, a checkpoint mid-commit, a gate recorded before its bank, a bank
+    committed before the next metrics), resume each time, and compare the finished run with the
+    uninterrupted one: the same hf/final, bank decisions, episodes and metrics."""
+    config, reference = smoke_reference
     workdir = tmp_path / "killed"
     # Start from the reference's policy and warm start (those phases resume on their own); train.
     for part in ("base", "sft"):
         shutil.copytree(reference / part, workdir / part, ignore=shutil.ignore_patterns("checkpoints", "tb"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    kills = 0
-    for step in range(config.train.gate_every):
-        marker = rundir.rollouts_path(workdir, step)
-        proc = subprocess.Popen(_train_cmd(workdir), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 600
-        while not marker.exists() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.02)
-        assert proc.poll() is None, f"the run ended before step {step}'s episodes were written"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        kills += 1
-    done = subprocess.run(_train_cmd(workdir), cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert kills == config.train.gate_every
-    a = json.loads(rundir.gate_path(reference, 0).read_text())
-    b = json.loads(rundir.gate_path(workdir, 0).read_text())
-    assert [(d["column"], d["action"]) for d in a["decisions"]] == [(d["column"], d["action"]) for d in b["decisions"]]
-    np.testing.assert_allclose(a["beta"], b["beta"], atol=1e-6)
-    assert [c.id for c in SkillBank.load_round(workdir, 1).chunks] == [c.id for c in SkillBank.load_round(reference, 1).chunks]
-    for step in range(config.train.gate_every):
-        ea = rundir.read_jsonl(rundir.rollouts_path(reference, step))
-        eb = rundir.read_jsonl(rundir.rollouts_path(workdir, step))
-        assert [(e["episode_id"], e["reward"], e["generated_tokens"]) for e in ea] == \
-            [(e["episode_id"], e["reward"], e["generated_tokens"]) for e in eb]
-    first_round = config.train.gate_every
-    ra = [r for r in read_metrics(reference) if r["step"] <= first_round]
-    rb = read_metrics(workdir)
-    assert [r["step"] for r in ra] == [r["step"] for r in rb]
-    for x, y in zip(ra, rb):
-        assert x.keys() == y.keys()
-        for key in x:
-            if key.startswith(("train/", "rollout/", "gate/", "skills/")):
-                assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), key
+    runs.train_through_kills(str(workdir), env={})
+    runs.assert_same_run(reference, workdir, config)

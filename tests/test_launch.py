@@ -77,7 +77,7 @@ def test_tpu_dry_run_copies_installs_serves_and_trains_on_every_worker():
         assert line[5] == "pod" and "--zone=us-east5-a" in line and "--project=proj" in line
         assert _remote(line)[0] == "all"
     assert "tar" in _remote(extract)[1]
-    assert _after(_remote(install)[1], "pip", "install") == ["-e", ".", "jax[tpu]"]
+    assert _after(_remote(install)[1], "pip", "install") == ["-e", ".[gcs]", "jax[tpu]"]  # gs:// needs gcsfs
     server = _remote(serve)[1]
     assert _after(server, "env") == ["JAX_PLATFORMS=cpu", "python3", "-m", "intraskill_jax.cli", "serve",
                                      "--model-path", "/ckpt/q", "--host", "127.0.0.1", "--port", "30000",

@@ -14,7 +14,8 @@ from sim.world import build_world
 
 from intraskill_jax import coevolve, policy, presets, rundir, runconfig
 from intraskill_jax.rollout.base import ScriptedEngine
-from intraskill_jax.skills.bank import SkillBank, latest_round
+from intraskill_jax.rundir import latest_round
+from intraskill_jax.skills.bank import SkillBank
 from intraskill_jax.tokenization import IM_END, format_tool_calls, from_env_action
 
 from tests.runs import SMOKE

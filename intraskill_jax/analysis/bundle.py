@@ -16,6 +16,7 @@
 
 The derived files are computed from the bundle's own primary files (never from the run), so
 `check_bundle` can verify every hash and then recompute them and compare. Nothing here imports JAX.
+A bundle may live on gs:// like its run; its manifest, written last, is its commit file.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from etils import epath
+
+from intraskill_jax import rundir
 from intraskill_jax.analysis import behaviour, results, training
 from intraskill_jax.analysis.rundata import (
     AnalysisInputError,
@@ -76,7 +79,7 @@ class BundleError(AnalysisInputError):
 class BundleData:
     """A bundle's primary records (and figures.json when present)."""
 
-    root: Path
+    root: epath.Path
     config: dict[str, Any]
     problems: list[dict[str, Any]]
     metrics: list[dict[str, Any]]
@@ -100,33 +103,27 @@ class BundleCheck:
 
 
 def build_bundle(
-    workdir: str | os.PathLike, out: str | os.PathLike | None = None, *, run: RunData | None = None
-) -> Path:
+    workdir: rundir.PathLike, out: rundir.PathLike | None = None, *, run: RunData | None = None
+) -> epath.Path:
     """Writes `<workdir>/bundle/` (or `out`) from a run directory and returns its path.
 
-    The bundle is assembled under a temporary name and swapped in whole, so an old bundle is
-    never left half overwritten. Problems found in the run are logged and stored in
-    problems.json; what is complete is bundled.
+    The bundle is assembled in a temporary directory and published whole (`rundir.publish_dir`,
+    the manifest last), so an old bundle is never left half overwritten. Problems found in the
+    run are logged and stored in problems.json; what is complete is bundled.
     """
     run = run if run is not None else load_run(workdir)
     for p in run.problems:
         log.warning("%s", p)
-    dest = Path(out) if out is not None else Path(workdir) / "bundle"
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+
+    def assemble(tmp: Path) -> None:
         _write_primary(tmp, run)
         data = read_bundle(tmp)
         for name, content in derive(data).items():
             _write(tmp / name, DERIVED[name], content)
         write_manifest(tmp)
-        _swap_in(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+
+    dest = rundir.run_path(out) if out is not None else rundir.bundle_dir(workdir)
+    return rundir.publish_dir(dest, assemble, commit_file=MANIFEST)
 
 
 def primary_records(run: RunData) -> dict[str, Any]:
@@ -145,7 +142,7 @@ def primary_records(run: RunData) -> dict[str, Any]:
     return records
 
 
-def _write_primary(root: Path, run: RunData) -> None:
+def _write_primary(root: rundir.PathLike, run: RunData) -> None:
     for name, content in primary_records(run).items():
         _write(root / name, PRIMARY.get(name, "doc"), content)
 
@@ -158,10 +155,10 @@ def figures_of_run(run: RunData) -> dict[str, Any]:
     """
     records = _json_clean(primary_records(run))
     skills = [records[f"skills/round_{s['round']}.json"] for s in run.skills]
-    return compute_figures(_bundle_data(run.workdir / "bundle", records, skills))
+    return compute_figures(_bundle_data(rundir.bundle_dir(run.workdir), records, skills))
 
 
-def _bundle_data(root: Path, docs: dict[str, Any], skills: list[Any], figures: Any = None) -> BundleData:
+def _bundle_data(root: epath.Path, docs: dict[str, Any], skills: list[Any], figures: Any = None) -> BundleData:
     """A bundle's contents from its primary files (name -> content)."""
     return BundleData(
         root=root,
@@ -177,23 +174,13 @@ def _bundle_data(root: Path, docs: dict[str, Any], skills: list[Any], figures: A
     )
 
 
-def _swap_in(tmp: Path, dest: Path) -> None:
-    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-    if dest.exists():
-        dest.rename(old)
-    tmp.rename(dest)
-    if old.exists():
-        shutil.rmtree(old)
-
-
-def _write(path: Path, kind: str, content: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write(path: rundir.PathLike, kind: str, content: Any) -> None:
     clean = _json_clean(content)
     if kind == "rows":
         text = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in clean)
     else:
         text = json.dumps(clean, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
-    path.write_text(text, encoding="utf-8")
+    rundir.write_text(path, text)
 
 
 def _json_clean(x: Any) -> Any:
@@ -207,26 +194,23 @@ def _json_clean(x: Any) -> Any:
     return x
 
 
-def sha256(path: Path) -> str:
+def sha256(path: rundir.PathLike) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with rundir.run_path(path).open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
 
 
-def bundle_files(root: Path) -> list[str]:
+def bundle_files(root: rundir.PathLike) -> list[str]:
     """Every file of the bundle but the manifest, as sorted POSIX paths relative to `root`."""
-    return sorted(
-        p.relative_to(root).as_posix()
-        for p in root.rglob("*")
-        if p.is_file() and p.relative_to(root).as_posix() != MANIFEST
-    )
+    return [rel for rel in rundir.list_files(root) if rel != MANIFEST]
 
 
-def write_manifest(root: Path) -> Path:
+def write_manifest(root: rundir.PathLike) -> epath.Path:
+    root = rundir.run_path(root)
     files = {
-        rel: {"sha256": sha256(root / rel), "bytes": (root / rel).stat().st_size}
+        rel: {"sha256": sha256(root / rel), "bytes": (root / rel).stat().length}
         for rel in bundle_files(root)
     }
     _write(root / MANIFEST, "doc", {"format": BUNDLE_FORMAT, "files": files})
@@ -242,7 +226,7 @@ def read_bundle(root: str | os.PathLike) -> BundleData:
     Raises:
       BundleError: a file is missing or does not parse, naming it.
     """
-    root = Path(root)
+    root = rundir.run_path(root)
     problems: list[Problem] = []
     docs: dict[str, Any] = {}
     for name, kind in PRIMARY.items():
@@ -261,11 +245,11 @@ def read_bundle(root: str | os.PathLike) -> BundleData:
 def load_bundle(root: str | os.PathLike, *, verify: bool = True) -> BundleData:
     """Reads a bundle, first verifying every hash in its manifest (unless `verify` is False)."""
     if verify:
-        verify_hashes(Path(root))
+        verify_hashes(root)
     return read_bundle(root)
 
 
-def _read(root: Path, rel: str, kind: str, problems: list[Problem]) -> Any:
+def _read(root: epath.Path, rel: str, kind: str, problems: list[Problem]) -> Any:
     path = root / rel
     if not path.is_file():
         problems.append(Problem(rel, "missing", "not in the bundle"))
@@ -279,7 +263,7 @@ def _read(root: Path, rel: str, kind: str, problems: list[Problem]) -> Any:
         return None
 
 
-def _round_of(p: Path) -> int:
+def _round_of(p: epath.Path) -> int:
     digits = p.stem.removeprefix("round_")
     return int(digits) if digits.isdigit() else -1
 
@@ -364,12 +348,13 @@ def _skill_counts(s: Mapping[str, Any]) -> dict[str, Any]:
 # -- checking ---------------------------------------------------------------------------------
 
 
-def verify_hashes(root: Path) -> int:
+def verify_hashes(root: rundir.PathLike) -> int:
     """Checks the manifest against the files; returns how many files it verified.
 
     Raises:
       BundleError: naming every file that is missing, altered, truncated or not in the manifest.
     """
+    root = rundir.run_path(root)
     manifest_path = root / MANIFEST
     if not root.is_dir():
         raise BundleError(f"no bundle at {root}", [Problem(str(root), "missing", "not a directory")])
@@ -403,11 +388,11 @@ def verify_hashes(root: Path) -> int:
     return len(listed)
 
 
-def _check_file(root: Path, rel: str, entry: Mapping[str, Any]) -> list[Problem]:
+def _check_file(root: epath.Path, rel: str, entry: Mapping[str, Any]) -> list[Problem]:
     path = root / rel
     if not path.is_file():
         return [Problem(rel, "missing", "listed in the manifest but absent (deleted?)")]
-    size = path.stat().st_size
+    size = path.stat().length
     if sha256(path) == entry.get("sha256") and size == entry.get("bytes"):
         return []
     expected = entry.get("bytes")
@@ -419,7 +404,7 @@ def _check_file(root: Path, rel: str, entry: Mapping[str, Any]) -> list[Problem]
     return [Problem(rel, "mismatch", f"SHA-256 differs from the manifest ({size} bytes, manifest {expected}): altered after bundling")]
 
 
-def check_bundle(root: str | os.PathLike) -> BundleCheck:
+def check_bundle(root: rundir.PathLike) -> BundleCheck:
     """Verifies every hash, then recomputes the derived files from the primary records and compares.
 
     Needs no model and no JAX: only the bundle and this package's analysis code.
@@ -428,7 +413,7 @@ def check_bundle(root: str | os.PathLike) -> BundleCheck:
       BundleError: naming each file that is missing, altered or truncated, or each derived value
         that does not follow from the bundle's data (with its JSON pointer).
     """
-    root = Path(root)
+    root = rundir.run_path(root)
     files = verify_hashes(root)
     data = read_bundle(root)
     problems: list[Problem] = []
@@ -495,11 +480,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Verify a bundle's SHA-256 manifest and recompute its figures from its data.",
     )
     parser.add_argument(
-        "bundle", type=Path, help="the bundle directory, or a run directory holding bundle/"
+        "bundle", type=rundir.run_path, help="the bundle directory, or a run directory holding bundle/ (local or gs://)"
     )
     args = parser.parse_args(argv)
-    if not (args.bundle / MANIFEST).exists() and (args.bundle / "bundle" / MANIFEST).is_file():
-        args.bundle = args.bundle / "bundle"
+    if not (args.bundle / MANIFEST).exists() and (rundir.bundle_dir(args.bundle) / MANIFEST).is_file():
+        args.bundle = rundir.bundle_dir(args.bundle)
     try:
         result = check_bundle(args.bundle)
     except BundleError as e:

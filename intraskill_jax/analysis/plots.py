@@ -7,16 +7,18 @@ never pyplot, so nothing lingers in global state between calls.
 
 from __future__ import annotations
 
+import io
 import math
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
+
+from etils import epath
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from intraskill_jax import rundir
 from intraskill_jax.analysis.behaviour import BEHAVIOUR_FIELDS
 from intraskill_jax.analysis.results import reward_label
 from intraskill_jax.analysis.training import FUNNEL_STAGES
@@ -230,12 +232,11 @@ PLOTS: dict[str, PlotFn] = {
 
 
 def write_plots(
-    fig: Figures, out_dir: str | os.PathLike, names: Sequence[str] = tuple(PLOTS)
-) -> dict[str, list[Path]]:
+    fig: Figures, out_dir: rundir.PathLike, names: Sequence[str] = tuple(PLOTS)
+) -> dict[str, list[epath.Path]]:
     """Saves `<out_dir>/<name>.svg` and `.png` for each plot with data; returns name -> paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written: dict[str, list[Path]] = {}
+    out = rundir.run_path(out_dir)
+    written: dict[str, list[epath.Path]] = {}
     for name in names:
         figure = PLOTS[name](fig)
         if figure is None:
@@ -245,8 +246,10 @@ def write_plots(
         FigureCanvasAgg(figure)
         paths = [out / f"{name}.svg", out / f"{name}.png"]
         # No timestamp in the SVG, so rebuilding an unchanged bundle gives identical files.
-        figure.savefig(paths[0], format="svg", metadata={"Date": None})
-        figure.savefig(paths[1], format="png", dpi=110)
+        for path, options in zip(paths, ({"format": "svg", "metadata": {"Date": None}}, {"format": "png", "dpi": 110})):
+            buffer = io.BytesIO()  # rendered in memory: the report may live on gs://
+            figure.savefig(buffer, **options)
+            rundir.write_bytes(path, buffer.getvalue())
         written[name] = paths
     return written
 

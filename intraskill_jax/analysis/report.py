@@ -18,6 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from etils import epath
+
+from intraskill_jax import rundir
 from intraskill_jax.analysis.bundle import BundleCheck, build_bundle, check_bundle, load_bundle
 from intraskill_jax.analysis.rundata import AnalysisInputError, Problem, load_run
 from intraskill_jax.progress import Progress, as_progress
@@ -27,17 +30,17 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-    bundle: Path
-    out: Path
-    index: Path
-    plots: dict[str, list[Path]]
+    bundle: epath.Path
+    out: epath.Path
+    index: epath.Path
+    plots: dict[str, list[epath.Path]]
     check: BundleCheck
     problems: tuple[Problem, ...]
     figures: dict[str, Any]  # the bundle's figures.json
 
 
 def build_report(
-    workdir: str | os.PathLike, out: str | os.PathLike | None = None, *, progress: bool | Progress = True
+    workdir: rundir.PathLike, out: rundir.PathLike | None = None, *, progress: bool | Progress = True
 ) -> Report:
     """Builds bundle, plots and site for a run directory.
 
@@ -49,8 +52,8 @@ def build_report(
     from intraskill_jax.analysis import plots as plots_mod
     from intraskill_jax.analysis.site import build_site
 
-    workdir = Path(workdir)
-    out_dir = Path(out) if out is not None else workdir / "report"
+    workdir = rundir.run_path(workdir)
+    out_dir = rundir.run_path(out) if out is not None else rundir.report_dir(workdir)
     stages = ("read run", "bundle", "check bundle", "plots", "site")
     with as_progress(progress).stage("report", len(stages), unit="stage") as bar:
         bar.update(0, doing=stages[0])
@@ -78,8 +81,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Bundle a run directory (SHA-256 manifest), draw its plots and build the "
         "offline HTML report.",
     )
-    parser.add_argument("--workdir", type=Path, required=True, help="the run directory")
-    parser.add_argument("--out", type=Path, default=None, help="site directory (default: <workdir>/report)")
+    parser.add_argument("--workdir", type=rundir.run_path, required=True, help="the run directory (local or gs://)")
+    parser.add_argument("--out", type=rundir.run_path, default=None, help="site directory (default: <workdir>/report)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -101,7 +104,9 @@ def print_report(report: Report, workdir: str | os.PathLike) -> None:
         )
     print(f"bundle: {report.bundle} ({report.check.files} files, verified)")
     print(f"plots:  {report.out / 'plots'} ({len(report.plots)} figures, SVG and PNG)")
-    print(f"report: {report.index.resolve().as_uri()}")
+    # A local site opens from file://; one on gs:// is named by its URL.
+    index = report.index if rundir.is_remote(report.index) else Path(report.index).resolve().as_uri()
+    print(f"report: {index}")
 
 
 if __name__ == "__main__":

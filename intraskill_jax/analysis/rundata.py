@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
-from intraskill_jax.skills.bank import BankFormatError, SkillBank, latest_round
+from etils import epath
+
+from intraskill_jax import rundir
+from intraskill_jax.skills.bank import BankFormatError, SkillBank
 
 ProblemKind = Literal["missing", "corrupt", "incomplete", "mismatch"]
-
-_STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
-_GATE_FILE = re.compile(r"^round_(\d+)\.json$")
 
 EPISODE_REQUIRED = ("task_id", "reward", "success")
 GATE_REQUIRED = ("round", "step", "columns", "beta", "decisions", "summary")
@@ -63,7 +61,7 @@ class RunDataError(AnalysisInputError):
 class RunData:
     """Everything analysis needs from one run, as JSON-able records."""
 
-    workdir: Path
+    workdir: epath.Path
     config: dict[str, Any]
     metrics: list[dict[str, Any]]  # metrics.jsonl rows as written
     rollouts: list[dict[str, Any]]  # training episodes of every step, sorted by step
@@ -75,7 +73,7 @@ class RunData:
 
 
 def read_jsonl_lenient(
-    path: Path, rel: str, problems: list[Problem], required: Sequence[str] = ()
+    path: epath.Path, rel: str, problems: list[Problem], required: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
     """JSON-object lines of `path`; a bad line (torn, not an object, missing a field) is a problem.
 
@@ -140,14 +138,14 @@ def skill_record(bank: SkillBank) -> dict[str, Any]:
     }
 
 
-def load_run(workdir: str | Path, *, strict: bool = False) -> RunData:
+def load_run(workdir: rundir.PathLike, *, strict: bool = False) -> RunData:
     """Reads a run directory; problems are collected (or raised with `strict`).
 
     Raises:
       RunDataError: `workdir` is not a directory, holds no run record at all, or (strict) any
         problem was found.
     """
-    root = Path(workdir)
+    root = rundir.run_path(workdir)
     if not root.is_dir():
         raise RunDataError(
             f"no run directory at {root}", [Problem(str(root), "missing", "not a directory")]
@@ -159,9 +157,9 @@ def load_run(workdir: str | Path, *, strict: bool = False) -> RunData:
     gates, gate_episodes = _read_gates(root, problems)
     skills = _read_skills(root, gates, problems)
     outcomes: list[dict[str, Any]] = []
-    if (root / "eval" / "outcomes.jsonl").is_file():
+    if rundir.eval_outcomes_path(root).is_file():
         outcomes = read_jsonl_lenient(
-            root / "eval" / "outcomes.jsonl",
+            rundir.eval_outcomes_path(root),
             "eval/outcomes.jsonl",
             problems,
             ("condition", *EPISODE_REQUIRED),
@@ -178,8 +176,8 @@ def load_run(workdir: str | Path, *, strict: bool = False) -> RunData:
     return RunData(root, config, metrics, rollouts, gates, gate_episodes, outcomes, skills, problems)
 
 
-def _read_config(root: Path, problems: list[Problem]) -> dict[str, Any]:
-    path = root / "config.json"
+def _read_config(root: epath.Path, problems: list[Problem]) -> dict[str, Any]:
+    path = rundir.config_path(root)
     if not path.is_file():
         problems.append(Problem("config.json", "missing", "absent; the bundle carries {}"))
         return {}
@@ -194,8 +192,8 @@ def _read_config(root: Path, problems: list[Problem]) -> dict[str, Any]:
     return doc
 
 
-def _read_metrics(root: Path, problems: list[Problem]) -> list[dict[str, Any]]:
-    path = root / "metrics.jsonl"
+def _read_metrics(root: epath.Path, problems: list[Problem]) -> list[dict[str, Any]]:
+    path = rundir.metrics_path(root)
     if not path.is_file():
         problems.append(Problem("metrics.jsonl", "missing", "absent: no training dynamics"))
         return []
@@ -210,13 +208,9 @@ def _read_metrics(root: Path, problems: list[Problem]) -> list[dict[str, Any]]:
 
 
 def _read_rollouts(
-    root: Path, metrics: Sequence[Mapping[str, Any]], problems: list[Problem]
+    root: epath.Path, metrics: Sequence[Mapping[str, Any]], problems: list[Problem]
 ) -> list[dict[str, Any]]:
-    files: dict[int, Path] = {}
-    for p in sorted((root / "rollouts").glob("step_*.jsonl")):
-        m = _STEP_FILE.match(p.name)
-        if m:
-            files[int(m.group(1))] = p
+    files = rundir.rollout_files(root)
     # Steps are contiguous, so a gap between step files is a lost file. A step that logged rollout
     # metrics also finished its rollouts; the writer may number files from 0 and metric rows from
     # 1 (logged after the step counter moves), so metric steps are aligned on the first file.
@@ -247,16 +241,11 @@ def _read_rollouts(
 
 
 def _read_gates(
-    root: Path, problems: list[Problem]
+    root: epath.Path, problems: list[Problem]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     gates: list[dict[str, Any]] = []
     episodes: list[dict[str, Any]] = []
-    found = []
-    for p in (root / "gates").glob("round_*.json"):
-        m = _GATE_FILE.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    for k, p in sorted(found):
+    for k, p in rundir.gate_files(root).items():
         rel = f"gates/{p.name}"
         try:
             doc = json.loads(p.read_text(encoding="utf-8"))
@@ -271,7 +260,7 @@ def _read_gates(
             problems.append(Problem(rel, "mismatch", f"says round {doc['round']}, file name round {k}; left out"))
             continue
         gates.append(doc)
-        ep_path = root / "gates" / f"round_{k}_episodes.jsonl"
+        ep_path = rundir.gate_episodes_path(root, k)
         ep_rel = f"gates/round_{k}_episodes.jsonl"
         if not ep_path.is_file():
             problems.append(
@@ -284,9 +273,9 @@ def _read_gates(
 
 
 def _read_skills(
-    root: Path, gates: Sequence[Mapping[str, Any]], problems: list[Problem]
+    root: epath.Path, gates: Sequence[Mapping[str, Any]], problems: list[Problem]
 ) -> list[dict[str, Any]]:
-    last = latest_round(root)
+    last = rundir.latest_round(root)
     skills: list[dict[str, Any]] = []
     rounds = set(range(last + 1)) if last is not None else set()
     # Gate K closes round K and writes round K+1's bank: each closed round implies the next bank.
@@ -295,7 +284,7 @@ def _read_skills(
         try:
             skills.append(skill_record(SkillBank.load_round(root, k)))
         except BankFormatError as e:
-            missing = not (root / "skills" / f"round_{k}" / "ledger.json").is_file()
+            missing = not rundir.ledger_path(root, k).is_file()
             why = (
                 "the bank was never written (run stopped mid-round?)"
                 if missing

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from etils import epath
+
+from intraskill_jax import rundir
 from intraskill_jax.analysis.behaviour import BEHAVIOUR_FIELDS
 from intraskill_jax.analysis.bundle import BundleData, load_bundle
 from intraskill_jax.analysis.results import OUTCOMES, reward_label
@@ -104,17 +106,16 @@ def esc(x: Any) -> str:
     return html.escape(str(x))
 
 
-def build_site(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+def build_site(bundle_dir: rundir.PathLike, out_dir: rundir.PathLike) -> epath.Path:
     """Writes the site into `out_dir` (plots, if any, are expected in `out_dir/plots/`); returns
     the path of index.html."""
     data = load_bundle(bundle_dir)
     if data.figures is None:
         raise ValueError(f"{bundle_dir} has no figures.json; rebuild it with build_bundle")
-    out = Path(out_dir)
-    (out / "assets").mkdir(parents=True, exist_ok=True)
+    out = rundir.run_path(out_dir)
     for asset in ("site.css", "explorer.js"):
-        (out / "assets" / asset).write_bytes((ASSETS / asset).read_bytes())
-    plots = {p.stem for p in (out / "plots").glob("*.svg")}
+        rundir.write_bytes(out / "assets" / asset, (ASSETS / asset).read_bytes())
+    plots = {p.stem for p in (out / "plots").glob("*.svg")} if (out / "plots").is_dir() else set()
     builders = {
         "index.html": _overview,
         "results.html": _results,
@@ -124,7 +125,7 @@ def build_site(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Pat
     for name, title in PAGES:
         page = _Page(data.figures)
         builders[name](page, data, plots)
-        (out / name).write_text(_frame(name, title, data, "".join(page.parts)), encoding="utf-8")
+        rundir.write_text(out / name, _frame(name, title, data, "".join(page.parts)))
     return out / "index.html"
 
 

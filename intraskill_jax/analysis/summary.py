@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from etils import epath
+
+from intraskill_jax import rundir
 from intraskill_jax.analysis import results
 from intraskill_jax.analysis.bundle import figures_of_run
 from intraskill_jax.analysis.rundata import load_run
@@ -28,11 +30,11 @@ def format_summary(workdir: str | os.PathLike) -> str:
     Raises:
       RunDataError: `workdir` is not a run directory or holds no run records.
     """
-    workdir = Path(workdir)
+    workdir = rundir.run_path(workdir)
     return format_figures(figures_of_run(load_run(workdir)), workdir)
 
 
-def format_figures(figures: Mapping[str, Any], workdir: Path) -> str:
+def format_figures(figures: Mapping[str, Any], workdir: epath.Path) -> str:
     """The summary from a run's figures (figures.json's layout); `workdir` only names paths."""
     sections = (
         _header(figures, workdir),
@@ -45,7 +47,7 @@ def format_figures(figures: Mapping[str, Any], workdir: Path) -> str:
     return "\n\n".join(s for s in sections if s)
 
 
-def _header(figures: Mapping[str, Any], workdir: Path) -> str:
+def _header(figures: Mapping[str, Any], workdir: epath.Path) -> str:
     run = figures["run"]
     reward = run.get("reward")
     line = (
@@ -61,7 +63,7 @@ def _header(figures: Mapping[str, Any], workdir: Path) -> str:
     return line
 
 
-def _conditions(figures: Mapping[str, Any], workdir: Path) -> str:
+def _conditions(figures: Mapping[str, Any], workdir: epath.Path) -> str:
     table = figures["conditions"]
     if not table:
         return (
@@ -116,10 +118,10 @@ def _training(figures: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _where(workdir: Path) -> str:
-    index = workdir / "report" / "index.html"
+def _where(workdir: epath.Path) -> str:
+    index = rundir.report_dir(workdir) / "index.html"
     report = str(index) if index.is_file() else f"not built yet: `intraskill report --workdir {workdir}`"
-    return f"Report:      {report}\nTensorBoard: tensorboard --logdir {workdir / 'tb'}"
+    return f"Report:      {report}\nTensorBoard: tensorboard --logdir {rundir.tensorboard_dir(workdir)}"
 
 
 def _count(x: Any) -> str:

@@ -229,18 +229,7 @@ class ModelConfig:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> ModelConfig:
         """Reads `config.json` (or a checkpoint directory holding one)."""
-        path = os.fspath(path)
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                hf = json.load(f)
-        except FileNotFoundError as e:
-            raise FileNotFoundError(
-                f"No HF config at {path}; point to a checkpoint directory with config.json."
-            ) from e
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON ({e}); re-export the checkpoint.") from e
+        hf = read_hf_config(path)
         return cls.from_hf_dict(hf, **overrides)
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -456,3 +445,21 @@ def _as_list(value: Any) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value]
     return [int(value)]
+
+
+def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The HF `config.json` at `path` (a checkpoint directory or the file), local or gs://: the one
+    reader of a checkpoint's architecture."""
+    from etils import epath
+
+    from intraskill_jax.errors import CheckpointError
+
+    file = epath.Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"No HF config at {file}; point to a checkpoint directory with config.json.") from e
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e}); re-export the checkpoint.") from e

@@ -30,7 +30,7 @@ from safetensors.numpy import save_file
 
 from intraskill_jax.errors import CheckpointError
 from intraskill_jax.models import sharding as sharding_lib
-from intraskill_jax.models.config import ModelConfig
+from intraskill_jax.models.config import ModelConfig, read_hf_config
 from intraskill_jax.models.decoder import CausalLM
 from intraskill_jax.models.families import family_for_hf, get_family
 from intraskill_jax.models.family import Family, KeyMap
@@ -147,25 +147,13 @@ def read_checkpoint(directory: str | Path) -> dict[str, TensorRecord]:
     return records
 
 
-def read_hf_config(directory: str | Path) -> dict[str, Any]:
-    path = Path(directory) / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise CheckpointError(
-            f"{path}: missing; a HF checkpoint directory needs its config.json."
-        ) from e
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e}).") from e
-
-
 def checkpoint_family(directory: str | Path) -> Family:
     """The model family of the HF checkpoint in `directory`, from its config.json."""
     hf_config = read_hf_config(directory)
     try:
         return family_for_hf(hf_config)
     except ValueError as e:
-        raise CheckpointError(f"{Path(directory) / 'config.json'}: {e}") from None
+        raise CheckpointError(f"{directory}/config.json: {e}") from None
 
 
 def is_multimodal(hf_config: Mapping[str, Any]) -> bool:

@@ -9,7 +9,7 @@ Orchestration only; every numeric piece lives elsewhere (`rl/rollouts.py`, `rl/g
 4. drop zero-variance groups; recompute the trainer's log-probs at the rollout weights (for TIS
    and the rollout/trainer mismatch metric); run one optimizer update;
 5. hand the new weights to the rollout engine (`update_weights`: the model in memory, and an HF
-   directory `<workdir>/hf/weight_vNNNNNN/` exported only for an engine that asks for one);
+   directory `<workdir>/hf/weight_vNNNNNN/` published only for an engine that asks for one);
 6. write metrics; checkpoint every `checkpoint_every` steps (params, optimizer, step, RNG, cursor).
 
 A killed run resumes from its last checkpoint and replays the same next step.
@@ -21,11 +21,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 
 from intraskill_jax import rundir
 from intraskill_jax.agent.episode import AgentConfig, Env, SkillContext
@@ -33,7 +33,6 @@ from intraskill_jax.agent.trajectory import collate
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.errors import ConfigError
 from intraskill_jax.metrics import MetricsWriter
-from intraskill_jax.models.params import save_pretrained
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl.rollouts import Experience, collect
 from intraskill_jax.rl.train_step import (
@@ -112,7 +111,7 @@ class TaskCursor:
 
 
 class Learner:
-    def __init__(self, model: Any, tokenizer: Any, engine: RolloutEngine, workdir: str | Path, *,
+    def __init__(self, model: Any, tokenizer: Any, engine: RolloutEngine, workdir: rundir.PathLike, *,
                  tasks: Sequence[int], make_env: Callable[[], Env],
                  config: TrainConfig, sampling: SamplingParams, agent: AgentConfig, max_concurrent: int | None = None,
                  contexts_fn: ContextsFn | None = None, mesh: Any = None,
@@ -129,7 +128,7 @@ class Learner:
         step's experience before the update and returns extra metrics; `checkpoint_extra()` adds
         JSON fields to each checkpoint."""
         self.tokenizer, self.engine, self.make_env = tokenizer, engine, make_env
-        self.workdir = Path(workdir)
+        self.workdir = rundir.run_path(workdir)
         self.config, self.sampling, self.agent, self.max_concurrent = config, sampling, agent, max_concurrent
         self.contexts_fn = contexts_fn or (lambda step, tasks: [SkillContext() for _ in tasks])
         self.on_step = on_step
@@ -149,7 +148,7 @@ class Learner:
         most = config.groups_per_step * config.group_size * (2 if retry_fn is not None else 1)
         self.pad_rows_to = most if optim.micro_batch_size else 1
         self.cursor = TaskCursor(tasks, config.seed)
-        self.checkpoints = Checkpointer(self.workdir / "checkpoints")
+        self.checkpoints = Checkpointer(rundir.checkpoints_dir(self.workdir))
         self.step = 0
         self._resume()
         # Rows past the restored step came from work the kill threw away; it will be redone.
@@ -176,11 +175,9 @@ class Learner:
                                publish=lambda: self._export(weights.model(), version))
         self.engine.update_weights(weights)
 
-    def _export(self, model: Any, version: int) -> Path:
-        path = rundir.hf_weights_dir(self.workdir, version)
-        save_pretrained(model, path, hf_config=self.hf_config)
-        self.tokenizer.save_pretrained(path)
-        return path
+    def _export(self, model: Any, version: int) -> epath.Path:
+        return rundir.publish_policy(rundir.hf_weights_dir(self.workdir, version), model, self.tokenizer,
+                                     hf_config=self.hf_config)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -198,6 +195,7 @@ class Learner:
         metrics = dict(exp.metrics)
         if self.on_step is not None:
             metrics.update(self.on_step(self.step, exp))
+        rundir.reached("step_rollouts")
         train = exp.train_trajectories
         if train:
             metrics.update(self._update(exp))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Literal, Protocol
+
+from etils import epath
 
 FinishReason = Literal["stop", "length"]
 
@@ -68,13 +69,13 @@ class WeightUpdate:
 
     version: int
     load_model: Callable[[], Any]
-    publish: Callable[[], Path]
+    publish: Callable[[], str | os.PathLike]
     _made: dict[str, Any] = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def published(cls, version: int, hf_dir: str | os.PathLike, load_model: Callable[[], Any]) -> WeightUpdate:
         """Weights that are on disk already (a checkpoint to evaluate or serve)."""
-        path = Path(hf_dir)
+        path = epath.Path(hf_dir)
         return cls(version=version, load_model=load_model, publish=lambda: path)
 
     def model(self) -> Any:
@@ -82,9 +83,10 @@ class WeightUpdate:
             self._made["model"] = self.load_model()
         return self._made["model"]
 
-    def hf_dir(self) -> Path:
+    def hf_dir(self) -> epath.Path:
+        """Local or gs:// (a run directory on shared storage): the server must be able to read it."""
         if "hf_dir" not in self._made:
-            self._made["hf_dir"] = Path(self.publish())
+            self._made["hf_dir"] = epath.Path(self.publish())
         return self._made["hf_dir"]
 
 

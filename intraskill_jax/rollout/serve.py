@@ -14,6 +14,7 @@ import logging
 
 from fastapi import FastAPI
 
+from intraskill_jax import rundir
 from intraskill_jax.rollout.base import WeightUpdate
 from intraskill_jax.rollout.jax_sampler import JaxSampler, SamplerConfig
 from intraskill_jax.rollout.server import create_app
@@ -22,16 +23,19 @@ log = logging.getLogger(__name__)
 
 
 def build_app(model_path: str, sampler: SamplerConfig | None = None, *, dtype: str | None = None) -> FastAPI:
-    """Loads model + tokenizer from `model_path` and returns the app (weight reload wired in)."""
+    """Loads model + tokenizer from `model_path` and returns the app (weight reload wired in).
+    Both paths, `model_path` and those of later reloads, may be local or gs:// (a run directory)."""
     from transformers import AutoTokenizer
 
     from intraskill_jax.models.params import load_pretrained
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine = JaxSampler(load_pretrained(model_path, dtype=dtype), sampler)
+    with rundir.local_dir(model_path) as local:
+        tokenizer = AutoTokenizer.from_pretrained(str(local))
+        engine = JaxSampler(load_pretrained(local, dtype=dtype), sampler)
 
     def reload(path: str) -> None:
-        model = load_pretrained(path, dtype=dtype)
+        with rundir.local_dir(path) as local:
+            model = load_pretrained(local, dtype=dtype)
         if model.config != engine.model_config:
             raise ValueError(f"{path} holds a different architecture than the served model")
         # The server sets the version the client sent once the load has succeeded.

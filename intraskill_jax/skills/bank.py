@@ -19,13 +19,13 @@ import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from etils import epath
 
+from intraskill_jax import rundir
 from intraskill_jax.rundir import json_finite
-
 from intraskill_jax.tokenization import CONTROL_MARKUP
 
 Status = Literal["active", "retired"]
@@ -241,9 +241,9 @@ class SkillBank:
     # -- I/O ---------------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, skill_dir: str | Path, ledger_path: str | Path | None = None) -> SkillBank:
+    def load(cls, skill_dir: rundir.PathLike, ledger_path: rundir.PathLike | None = None) -> SkillBank:
         """Reads a skill directory (and optionally a round ledger); raises BankFormatError naming the problem."""
-        skill_dir = Path(skill_dir)
+        skill_dir = rundir.run_path(skill_dir)
         md = skill_dir / "SKILL.md"
         if not md.is_file():
             raise BankFormatError(f"{md} not found: a skill directory needs a SKILL.md")
@@ -291,21 +291,21 @@ class SkillBank:
             ledger_extra=extra,
         )
 
-    def save(self, skill_dir: str | Path) -> Path:
+    def save(self, skill_dir: rundir.PathLike) -> epath.Path:
         """Writes the skill directory (named after the bank); stale chunk files are removed."""
-        skill_dir = Path(skill_dir)
+        skill_dir = rundir.run_path(skill_dir)
         if skill_dir.name != self.name:
             raise BankFormatError(
                 f"skill {self.name} must be saved in a directory named {self.name}, not {skill_dir}"
             )
-        (skill_dir / "chunks").mkdir(parents=True, exist_ok=True)
         keep = {f"{c.id}.md" for c in self.chunks}
-        for p in (skill_dir / "chunks").glob("*.md"):
-            if p.name not in keep:
-                p.unlink()
+        if (skill_dir / "chunks").is_dir():
+            for p in (skill_dir / "chunks").glob("*.md"):
+                if p.name not in keep:
+                    p.unlink()
         for c in self.chunks:
-            (skill_dir / "chunks" / f"{c.id}.md").write_text(_chunk_markdown(c), encoding="utf-8")
-        (skill_dir / "SKILL.md").write_text(self._skill_markdown(), encoding="utf-8")
+            rundir.write_text(skill_dir / "chunks" / f"{c.id}.md", _chunk_markdown(c))
+        rundir.write_text(skill_dir / "SKILL.md", self._skill_markdown())
         return skill_dir
 
     def _skill_markdown(self) -> str:
@@ -335,19 +335,20 @@ class SkillBank:
             lines += [f"- [{c.id}](chunks/{c.id}.md): {c.title}" for c in retired]
         return "\n".join(lines) + "\n"
 
-    def save_round(self, workdir: str | Path) -> Path:
-        """Writes `<workdir>/skills/round_K/` with the skill directory and `ledger.json`; returns it."""
-        round_dir = round_path(workdir, self.round)
+    def save_round(self, workdir: rundir.PathLike) -> epath.Path:
+        """Writes `<workdir>/skills/round_K/` with the skill directory, then `ledger.json`, the
+        round's commit point (a reader never takes a round without its ledger); returns it."""
+        round_dir = rundir.skills_round_dir(workdir, self.round)
         self.save(round_dir / self.name)
         write_ledger(
-            round_dir / "ledger.json", self.round, self.name, self.ledger, self.ledger_extra
+            rundir.ledger_path(workdir, self.round), self.round, self.name, self.ledger, self.ledger_extra
         )
         return round_dir
 
     @classmethod
-    def load_round(cls, workdir: str | Path, round_: int) -> SkillBank:
-        round_dir = round_path(workdir, round_)
-        ledger = round_dir / "ledger.json"
+    def load_round(cls, workdir: rundir.PathLike, round_: int) -> SkillBank:
+        round_dir = rundir.skills_round_dir(workdir, round_)
+        ledger = rundir.ledger_path(workdir, round_)
         if not ledger.is_file():
             raise BankFormatError(
                 f"{ledger} not found: round {round_} was never written under {workdir}"
@@ -375,44 +376,25 @@ class SkillBank:
         )
 
 
-def round_path(workdir: str | Path, round_: int) -> Path:
-    return Path(workdir) / "skills" / f"round_{round_}"
-
-
-def latest_round(workdir: str | Path) -> int | None:
-    """The highest K with a `skills/round_K/ledger.json` under `workdir` (None if there is none)."""
-    rounds = [
-        int(p.parent.name.split("_", 1)[1])
-        for p in (Path(workdir) / "skills").glob("round_*/ledger.json")
-        if p.parent.name.split("_", 1)[1].isdigit()
-    ]
-    return max(rounds) if rounds else None
-
-
 def write_ledger(
-    path: str | Path,
+    path: rundir.PathLike,
     round_: int,
     skill: str,
     entries: Iterable[LedgerEntry],
     extra: Mapping[str, Any] | None = None,
 ) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = json_finite({
         "round": round_,
         "skill": skill,
         "entries": [e.to_json() for e in entries],
         **dict(extra or {}),
     })
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps(doc, ensure_ascii=False, indent=1, allow_nan=False) + "\n", encoding="utf-8"
-    )
-    tmp.replace(path)  # a reader never sees half a ledger
+    # Whole or not at all: a reader never sees half a ledger.
+    rundir.write_text(path, json.dumps(doc, ensure_ascii=False, indent=1, allow_nan=False) + "\n")
 
 
-def read_ledger(path: str | Path) -> tuple[tuple[LedgerEntry, ...], dict[str, Any], int]:
-    path = Path(path)
+def read_ledger(path: rundir.PathLike) -> tuple[tuple[LedgerEntry, ...], dict[str, Any], int]:
+    path = rundir.run_path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
@@ -429,7 +411,7 @@ def read_ledger(path: str | Path) -> tuple[tuple[LedgerEntry, ...], dict[str, An
     return tuple(LedgerEntry.from_json(e) for e in doc["entries"]), extra, doc["round"]
 
 
-def _split_front(text: str, path: Path) -> tuple[dict[str, Any], str]:
+def _split_front(text: str, path: epath.Path) -> tuple[dict[str, Any], str]:
     m = _FRONT.match(text)
     if not m:
         raise BankFormatError(f"{path}: expected YAML front matter between '---' lines at the top")
@@ -442,7 +424,7 @@ def _split_front(text: str, path: Path) -> tuple[dict[str, Any], str]:
     return front, text[m.end() :]
 
 
-def _read_chunk(path: Path) -> Chunk:
+def _read_chunk(path: epath.Path) -> Chunk:
     front, body = _split_front(path.read_text(encoding="utf-8"), path)
     if front.get("id") != path.stem:
         raise BankFormatError(

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from intraskill_jax import rundir
 from intraskill_jax.agent.episode import AgentConfig
 from intraskill_jax.agent.prompts import system_prompt
 from intraskill_jax.models import ModelConfig, causal_lm_class
@@ -107,13 +108,13 @@ def test_sglang_client_has_the_server_load_the_step_export_written_once(tokenize
     save_pretrained(model, base)
     tokenizer.save_pretrained(base)
     exports = []
-    real_save = learner_lib.save_pretrained
+    real_publish = rundir.publish_policy
 
-    def counting_save(m, path, **kw):
-        exports.append(path)
-        return real_save(m, path, **kw)
+    def counting_publish(out, m, tok, **kw):
+        exports.append(out)
+        return real_publish(out, m, tok, **kw)
 
-    monkeypatch.setattr(learner_lib, "save_pretrained", counting_save)
+    monkeypatch.setattr(rundir, "publish_policy", counting_publish)
     prompt = tokenizer.encode(PROMPT.format(cue="blue"), add_special_tokens=False)
     workdir = tmp_path / "run"
     with serve_app(build_app(str(base), SAMPLER)) as url:

@@ -17,9 +17,9 @@ from intraskill_jax.skills.bank import (
     Chunk,
     LedgerEntry,
     SkillBank,
-    latest_round,
     render_texts,
 )
+from intraskill_jax.rundir import latest_round
 from intraskill_jax.tokenization import CONTROL_MARKUP
 
 S0 = Path(__file__).resolve().parents[2] / "skills" / "s0"
@@ -51,7 +51,7 @@ def test_s0_is_ten_bilingual_scene_chunks(s0):
 
 
 def test_s0_save_reproduces_the_directory_byte_for_byte(s0, tmp_path):
-    out = s0.save(tmp_path / "s0")
+    out = Path(s0.save(tmp_path / "s0"))  # a local run path: pathlib walks it
     names = sorted(p.relative_to(S0).as_posix() for p in S0.rglob("*.md"))
     assert names == sorted(p.relative_to(out).as_posix() for p in out.rglob("*.md"))
     _, mismatch, errors = filecmp.cmpfiles(S0, out, names, shallow=False)
