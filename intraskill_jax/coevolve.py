@@ -28,18 +28,17 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 from etils import epath
 
 from sim.env import ShopEnv
 from sim.world import World, build_world
 
-from intraskill_jax import rundir
+from intraskill_jax import distributed, rundir
 from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.progress import Progress, as_progress
-from intraskill_jax.policy import load_policy, load_tokenizer, play, prepare_policy
+from intraskill_jax.policy import default_mesh, load_policy, load_tokenizer, play, prepare_policy
 from intraskill_jax.rl.learner import Learner
 from intraskill_jax.rl.rollouts import Experience
 from intraskill_jax.rollout.base import RolloutEngine, WeightUpdate
@@ -77,12 +76,7 @@ class Coevolution:
         self.lang = config.sim.catalog.lang
         self.policy_path = rundir.run_path(policy_path)
         self.tokenizer = load_tokenizer(self.policy_path, config.agent)
-        # Accelerators shard over the configured mesh; CPU "devices" are test fakes (or host
-        # threads) that sharding would only slow down.
-        if mesh is None and jax.device_count() > 1 and (jax.default_backend() != "cpu" or jax.process_count() > 1):
-            from intraskill_jax.models.sharding import make_mesh
-
-            mesh = make_mesh(config.mesh)
+        mesh = default_mesh(config) if mesh is None else mesh
         model = load_policy(config, self.policy_path, mesh)
         self.engine = engine if engine is not None else make_engine(
             config.rollout, WeightUpdate.published(0, self.policy_path, lambda: model))
@@ -111,8 +105,9 @@ class Coevolution:
             world = world or build_world(config.sim)
             base = prepare_policy(config, workdir, world)
             bar.update()
+        mesh = default_mesh(config) if mesh is None else mesh
         # The warm start keeps the base's family, so the agent's tool-call format is read once.
-        policy_path = warm_start(config.for_policy(base), workdir, base, world, progress=progress)
+        policy_path = warm_start(config.for_policy(base), workdir, base, world, progress=progress, mesh=mesh)
         return cls(config, workdir, policy_path, world=world, progress=progress, mesh=mesh, engine=engine)
 
     # -- state -------------------------------------------------------------------------------------
@@ -206,8 +201,10 @@ class Coevolution:
         failures, recovered, funnel_failures = self._remaining_failures(rows, r)
         trajs = failures + [rundir.trajectory_from_trace(row) for row in rows
                             if row["success"] and not row["retry"]]
-        batch = propose(trajs, bank, self.analyst, np.random.default_rng([cfg.train.seed, _ANALYSTS, r]),
-                        config=cfg.skills.analysts, lang=self.lang)
+        # An analyst may call an LLM: process 0 asks, every process gets its proposals.
+        batch = distributed.from_main(lambda: propose(trajs, bank, self.analyst,
+                                                      np.random.default_rng([cfg.train.seed, _ANALYSTS, r]),
+                                                      config=cfg.skills.analysts, lang=self.lang))
         episodes: list[tuple[str, Trajectory]] = []
         n = len(self.validation)
 

@@ -22,15 +22,23 @@ whether there is more than one process, first match wins:
 JAX itself still reads JAX_COORDINATOR_PORT (port of the auto-detected coordinator) and
 JAX_LOCAL_DEVICE_IDS (one process per GPU).
 
-Use, first thing in a command's main, before anything touches a device:
+Use `maybe_initialize()` first thing in a command's main, before anything touches a device; a
+mesh made after it spans every process's devices.
 
-    distributed.maybe_initialize()
-    mesh = make_mesh(...)                       # now over all processes' devices
-    ...
-    params = distributed.gather_to_host(state.params)   # every process, collective
-    if distributed.is_main_process():
-        save_pretrained(...)                    # one writer
-    distributed.sync("hf_export")               # nobody reads the export before it exists
+A run on several processes is one program in lockstep (SPMD): every process executes the same
+host code, in the same order, on the same data, and the jitted programs over the global mesh are
+collectives that all of them call together. What keeps the host side identical everywhere:
+
+  * decisions draw from generators seeded by (seed, step or round), never from wall clocks;
+  * episodes played by the embedded sampler are global computations whose results every process
+    fetches; episodes from a host-side client (a rollout server) and analyst proposals (an LLM
+    API) are made by process 0 alone and handed to the rest (`from_main`);
+  * process 0 is the one writer of the run directory (`is_main_process`), and every write is
+    bracketed by barriers named after the path (`rundir`): reads before a write see the
+    directory without it on every process, reads after see it with it, and a process that
+    strays from the others' order fails the barrier's name check instead of deadlocking silently;
+  * an HF export gathers the sharded parameters on every process (`gather_to_host`, collective)
+    before process 0 writes them.
 """
 
 from __future__ import annotations
@@ -38,8 +46,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pickle
+from collections.abc import Callable
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -51,6 +61,8 @@ ENV_COORDINATOR = "INTRASKILL_COORDINATOR"
 ENV_NUM_PROCESSES = "INTRASKILL_NUM_PROCESSES"
 ENV_PROCESS_ID = "INTRASKILL_PROCESS_ID"
 ENV_DISTRIBUTED = "INTRASKILL_DISTRIBUTED"
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,14 +166,21 @@ def maybe_initialize(env: Mapping[str, str] | None = None, *, timeout_s: int = 3
     return True
 
 
+def is_multiprocess() -> bool:
+    """True in a group of several JAX processes. Never starts a backend: a process that did not
+    join one (`maybe_initialize`) is alone, whatever devices it has."""
+    return jax.distributed.is_initialized() and jax.process_count() > 1
+
+
 def is_main_process() -> bool:
-    """True on process 0: the one that writes shared files (HF exports, bundles, reports)."""
-    return jax.process_index() == 0
+    """True on process 0 (and on a single process): the one that writes the run directory."""
+    return not is_multiprocess() or jax.process_index() == 0
 
 
 def sync(name: str) -> None:
-    """Barrier: returns once every process has called sync(name) with the same name."""
-    if jax.process_count() > 1:
+    """Barrier: returns once every process has called sync(name); fails when another process
+    called it under a different name (it strayed from the lockstep order)."""
+    if is_multiprocess():
         multihost_utils.sync_global_devices(name)
 
 
@@ -183,11 +202,26 @@ def gather_to_host(tree: Any) -> Any:
 
 
 def broadcast_from_main(tree: Any) -> Any:
-    """Process 0's values of `tree` on every process (shapes and dtypes must match everywhere).
-
-    For host-side decisions that must not diverge between processes (a batch built from
-    process 0's rollouts, a wall-clock-based choice).
-    """
-    if jax.process_count() == 1:
+    """Process 0's values of the arrays in `tree` on every process (shapes and dtypes must match)."""
+    if not is_multiprocess():
         return tree
     return multihost_utils.broadcast_one_to_all(tree)
+
+
+def from_main(fn: Callable[[], T]) -> T:
+    """`fn()` run on process 0 alone and its (picklable) result handed to every process.
+
+    For host-side work whose result may differ between processes or must happen once: episodes
+    from a rollout server, an analyst's LLM calls. `fn` must not call collectives. The payload
+    travels padded to a power of two, so the broadcast compiles for a few sizes only.
+    """
+    if not is_multiprocess():
+        return fn()
+    main = jax.process_index() == 0
+    result = fn() if main else None
+    payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if main else b""
+    (size,) = np.asarray(broadcast_from_main(np.array([len(payload)], np.int64)))
+    padded = np.zeros(1 << max(10, int(size - 1).bit_length()), np.uint8)
+    padded[: len(payload)] = np.frombuffer(payload, np.uint8)
+    received = np.asarray(broadcast_from_main(padded))
+    return result if main else pickle.loads(received[:size].tobytes())

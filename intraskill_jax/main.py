@@ -159,14 +159,14 @@ def _command(command: str, config: runconfig.RunConfig, workdir: epath.Path, pro
     if command == "sft":
         from sim.world import build_world
 
-        from intraskill_jax.policy import prepare_policy
+        from intraskill_jax.policy import default_mesh, prepare_policy
         from intraskill_jax.warm_start import warm_start
 
         with progress.stage("setup", 1) as bar:
             world = build_world(config.sim)
             base = prepare_policy(config, workdir, world)
             bar.update()
-        out = warm_start(config.for_policy(base), workdir, base, world, progress=progress)
+        out = warm_start(config.for_policy(base), workdir, base, world, progress=progress, mesh=default_mesh(config))
         progress.close()
         print(out)
     elif command == "train":

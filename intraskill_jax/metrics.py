@@ -35,7 +35,7 @@ class MetricsWriter:
         if rewind_to is not None:
             self.rewind(lambda row: row["step"] > rewind_to)
         self._tb = None
-        if tensorboard:
+        if tensorboard and rundir.is_writer():  # one writer of event files on several processes
             from tensorboardX import SummaryWriter
 
             purge = None if rewind_to is None else rewind_to + 1

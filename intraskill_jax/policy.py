@@ -101,6 +101,17 @@ def _corpus(config: RunConfig, world: World, tool_format: ToolFormat, episodes: 
     return texts
 
 
+def default_mesh(config: RunConfig) -> Any:
+    """The mesh a run shards over: `config.mesh` over every device of every process on an
+    accelerator or on several processes; None (no sharding) on one CPU process, whose extra
+    "devices" are test fakes or host threads that sharding would only slow down."""
+    if jax.device_count() > 1 and (jax.default_backend() != "cpu" or jax.process_count() > 1):
+        from intraskill_jax.models.sharding import make_mesh
+
+        return make_mesh(config.mesh)
+    return None
+
+
 def load_policy(config: RunConfig, path: rundir.PathLike, mesh: Any = None) -> Any:
     from intraskill_jax.models.params import load_pretrained
 

@@ -38,6 +38,13 @@ Commit points stay atomic on both:
 
 A killed run leaves each record complete or absent, and each directory committed or without its
 commit file. `reached` marks the named points where a kill must be survivable (a test hook).
+
+Several processes (a pod slice) share one workdir: process 0 alone writes, and every write here
+(records, `JsonlLog` rows, published directories, removals) is bracketed by barriers named after
+its path, so every process reads the directory in the same state at the same point of the run and
+a process that strays from the others' order fails at once (`distributed`). Code outside this
+module writes the run directory only through it, except orbax (checkpoints, its own multi-process
+protocol) and TensorBoard's event files (process 0 alone, `metrics.py`).
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ import posixpath
 import re
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -304,15 +312,56 @@ def json_finite(x: Any) -> Any:
     return x
 
 
+# -- one writer ------------------------------------------------------------------------------------
+
+
+def _multiprocess() -> bool:
+    # A command that never imported jax (report, check-bundle) is one process; don't import it.
+    if "jax" not in sys.modules:
+        return False
+    from intraskill_jax import distributed
+
+    return distributed.is_multiprocess()
+
+
+def is_writer() -> bool:
+    """Whether this process writes the run directory: process 0 of several, or the only one."""
+    if not _multiprocess():
+        return True
+    from intraskill_jax import distributed
+
+    return distributed.is_main_process()
+
+
+@contextlib.contextmanager
+def _one_writer(what: str, path: PathLike) -> Iterator[bool]:
+    """Brackets a write of `path`: yields whether this process writes (process 0, or the only one)."""
+    if not _multiprocess():
+        yield True
+        return
+    from intraskill_jax import distributed
+
+    distributed.sync(f"rundir {what} {path}: before")
+    yield is_writer()
+    distributed.sync(f"rundir {what} {path}: after")
+
+
 # -- writing and reading -----------------------------------------------------------------------------
 
 
 def write_bytes(path: PathLike, data: bytes) -> epath.Path:
     """Writes one file whole: a reader sees the old content or the new, never part of it."""
     path = run_path(path)
+    with _one_writer("write", path) as writes:
+        if writes:
+            _write_whole(path, data)
+    return path
+
+
+def _write_whole(path: epath.Path, data: bytes) -> None:
     if is_remote(path):
         path.write_bytes(data)  # a single object upload: it appears complete or not at all
-        return path
+        return
     local = Path(path)
     local.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=".tmp")
@@ -325,7 +374,6 @@ def write_bytes(path: PathLike, data: bytes) -> epath.Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def write_text(path: PathLike, text: str) -> epath.Path:
@@ -370,7 +418,7 @@ class JsonlLog:
     Locally each row is appended and flushed (a kill can tear only the last line; readers skip it).
     An object cannot be appended to, so on an object store the file is kept in memory and uploaded
     whole after each row: one atomic object write per row, which at a few rows per step costs little
-    next to the step.
+    next to the step. On several processes only process 0 opens it.
     """
 
     def __init__(self, path: PathLike):
@@ -378,32 +426,41 @@ class JsonlLog:
         self._remote = is_remote(self.path)
         self._text = ""
         self._file = None
-        if self._remote:
-            if self.path.exists():
-                self._text = self.path.read_text(encoding="utf-8")
-        else:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")
+        with _one_writer("open", self.path) as writes:
+            if not writes:
+                return
+            if self._remote:
+                if self.path.exists():
+                    self._text = self.path.read_text(encoding="utf-8")
+            else:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "a", encoding="utf-8")
 
     def append(self, row: Mapping[str, Any]) -> None:
         line = jsonl_text([row])
-        if self._remote:
-            self._text += line
-            write_text(self.path, self._text)
-        else:
-            self._file.write(line)
-            self._file.flush()
+        with _one_writer("append", self.path) as writes:
+            if not writes:
+                return
+            if self._remote:
+                self._text += line
+                _write_whole(self.path, self._text.encode("utf-8"))
+            else:
+                self._file.write(line)
+                self._file.flush()
 
     def rewrite(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Replaces the whole file with `rows`, atomically."""
         text = jsonl_text(rows)
-        if self._remote:
-            self._text = text
-            write_text(self.path, text)
-            return
-        self._file.close()
-        write_text(self.path, text)
-        self._file = open(self.path, "a", encoding="utf-8")
+        with _one_writer("rewrite", self.path) as writes:
+            if not writes:
+                return
+            if self._remote:
+                self._text = text
+            else:
+                self._file.close()
+            _write_whole(self.path, text.encode("utf-8"))
+            if not self._remote:
+                self._file = open(self.path, "a", encoding="utf-8")
 
     def close(self) -> None:
         if self._file is not None:
@@ -424,8 +481,9 @@ def list_files(root: PathLike) -> list[str]:
 def remove_tree(path: PathLike) -> None:
     """Deletes a directory and everything under it, if it exists."""
     path = run_path(path)
-    if path.exists():
-        path.rmtree()
+    with _one_writer("remove", path) as writes:
+        if writes and path.exists():
+            path.rmtree()
 
 
 def _copy_file(src: PathLike, dst: PathLike) -> None:
@@ -444,9 +502,17 @@ def publish_dir(out: PathLike, write: Callable[[Path], Any], *, commit_file: str
     made one (the bundle's manifest is its commit file). Locally `tmp` is `<out>.tmp`, renamed into
     place (an old `out` is moved aside first and deleted after); on an object store `tmp` is a local
     temporary directory whose files are uploaded over a cleared `out`, `commit_file` last. Until
-    `write` returns, an old `out` is untouched. Returns `out`.
+    `write` returns, an old `out` is untouched. On several processes only process 0 calls `write`.
+    Returns `out`.
     """
     out = run_path(out)
+    with _one_writer("publish", out) as writes:
+        if writes:
+            _publish(out, write, commit_file)
+    return out
+
+
+def _publish(out: epath.Path, write: Callable[[Path], Any], commit_file: str) -> None:
     if not is_remote(out):
         tmp, old = Path(f"{out}.tmp"), Path(f"{out}.old")
         for stale in (tmp, old):
@@ -459,20 +525,29 @@ def publish_dir(out: PathLike, write: Callable[[Path], Any], *, commit_file: str
             os.replace(out, old)
         os.replace(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
-        return out
+        return
     with tempfile.TemporaryDirectory(prefix="intraskill-publish-") as tmp:
         write(Path(tmp))
         _add_commit_file(Path(tmp), commit_file)
-        remove_tree(out)  # the old version, or an unfinished upload (no commit file)
+        if out.exists():  # the old version, or an unfinished upload (no commit file)
+            out.rmtree()
         for rel in sorted(list_files(tmp), key=lambda rel: rel == commit_file):
             _copy_file(Path(tmp) / rel, out / rel)
-    return out
 
 
 def publish_policy(out: PathLike, model: Any, tokenizer: Any, *, hf_config: Mapping[str, Any] | None = None) -> epath.Path:
-    """Publishes `model` and `tokenizer` as the HF directory `out` (every policy a run writes)."""
+    """Publishes `model` and `tokenizer` as the HF directory `out` (every policy a run writes).
+    On several processes every process calls it: the sharded parameters are gathered to the host
+    everywhere (a collective), then process 0 writes them."""
     from intraskill_jax.models.params import save_pretrained
 
+    if _multiprocess():
+        from flax import nnx
+
+        from intraskill_jax import distributed
+
+        graphdef, state = nnx.split(model)
+        model = nnx.merge(graphdef, distributed.gather_to_host(state))
     return publish_dir(out, lambda tmp: (save_pretrained(model, tmp, hf_config=hf_config), tokenizer.save_pretrained(tmp)))
 
 

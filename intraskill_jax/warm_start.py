@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from etils import epath
@@ -33,7 +34,7 @@ _DEMOS = 5
 
 
 def warm_start(config: RunConfig, workdir: rundir.PathLike, base: epath.Path, world: World, *,
-               progress: bool | Progress = True) -> epath.Path:
+               progress: bool | Progress = True, mesh: Any = None) -> epath.Path:
     """SFT on oracle demonstrations (rendered by the agent loop under training-like skill masks).
 
     Returns the HF directory of the warm-started policy, `<workdir>/sft/hf/` (or `base` when the
@@ -47,11 +48,11 @@ def warm_start(config: RunConfig, workdir: rundir.PathLike, base: epath.Path, wo
         return out
     progress = as_progress(progress)
     with progress.stage("sft", unit="update"):  # the demonstrations and the held-out scoring too
-        return _warm_start(config, rundir.sft_dir(workdir), out, base, world, progress)
+        return _warm_start(config, rundir.sft_dir(workdir), out, base, world, progress, mesh)
 
 
 def _warm_start(config: RunConfig, sft_dir: epath.Path, out: epath.Path, base: epath.Path, world: World,
-                progress: Progress) -> epath.Path:
+                progress: Progress, mesh: Any) -> epath.Path:
     from intraskill_jax.checkpoint import Checkpointer
     from intraskill_jax.metrics import MetricsWriter
     from intraskill_jax.rl.sft import oracle_agreement, run_sft
@@ -73,10 +74,10 @@ def _warm_start(config: RunConfig, sft_dir: epath.Path, out: epath.Path, base: e
         raise ValueError(f"no oracle demonstration succeeded within agent.max_turns={config.agent.max_turns} and "
                          f"agent.max_context_tokens={config.agent.max_context_tokens}; raise them")
     log.info("warm start on %d successful oracle demonstrations", len(demos))
-    model = load_policy(config, base)
+    model = load_policy(config, base, mesh)
     with MetricsWriter(sft_dir) as writer, Checkpointer(rundir.checkpoints_dir(sft_dir)) as ckpt:
-        result = run_sft(model, demos, ws.sft, pad_id=tokenizer.pad_token_id, writer=writer, checkpointer=ckpt,
-                         progress=progress)
+        result = run_sft(model, demos, ws.sft, pad_id=tokenizer.pad_token_id, mesh=mesh, writer=writer,
+                         checkpointer=ckpt, progress=progress)
         heldout = demonstrations(world.splits.validation[: ws.heldout_demos], 1) if ws.heldout_demos else []
         if heldout:
             agree = oracle_agreement(model, heldout, world.catalog, pad_id=tokenizer.pad_token_id,

@@ -4,16 +4,22 @@
     JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=4 \
         python -m tests.distributed_worker OUT.npz
 
+    python -m tests.distributed_worker OUT.npz SHARED_DIR
+
 Each process joins through `distributed.maybe_initialize()`, builds a mesh over the 8 devices of
 both processes, runs one sharded GRPO update on the same deterministic batch, gathers the new
 parameters to the host and writes them (with the step's metrics) to OUT.npz. The test process
 imports `grpo_update` from here to compute the single-device reference, so both sides run
-literally the same setup.
+literally the same setup. Then the host side: an episode from a scripted engine whose reply
+names the process that played it (every process must get process 0's), and one record written
+into SHARED_DIR through `rundir` (by process 0 alone, read whole by both).
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -21,10 +27,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from intraskill_jax import distributed
+from intraskill_jax import distributed, rundir
+from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
 from intraskill_jax.models import ModelConfig, causal_lm_class, sharding
 from intraskill_jax.rl import train_step as ts
 from intraskill_jax.rl.grpo import LossConfig
+from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
 
 CONFIG = ModelConfig.tiny_qwen3_5()  # the hybrid (DeltaNet + attention) layers the study trains
 # eps raised so parameters with ~0 gradient move by ~0 rather than by +-lr on round-off signs.
@@ -66,13 +74,35 @@ def grpo_update(mesh: Mesh) -> tuple[ts.TrainState, ts.TrainState, dict[str, jax
     return state, new_state, metrics
 
 
+SCRIPTED_REPLY = "played by process {process}"
+
+
+def host_side_episode(me: int) -> str:
+    """The reply of one episode played by a scripted engine (a host-side client, as a rollout
+    server is) whose script answers with this process's index."""
+    from sim.config import CatalogConfig, SimConfig, SplitConfig
+    from sim.env import ShopEnv
+    from sim.world import build_world
+
+    from intraskill_jax.tokenization import IM_END, train_tokenizer
+
+    world = build_world(SimConfig(catalog=CatalogConfig(num_products=60), splits=SplitConfig(num_test=5, num_validation=5)))
+    tok = train_tokenizer(["search click buy played by process 0 1"], 300, tool_format="xml")
+    engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False),
+                            lambda session, ids: SCRIPTED_REPLY.format(process=me), tok.convert_tokens_to_ids(IM_END))
+    (traj,) = run_episodes(engine, [ShopEnv(world)], tok, [EpisodeSpec(int(world.splits.train[0]))],
+                           SamplingParams(max_new_tokens=32), AgentConfig(tool_format="xml", max_turns=1))
+    sampled = [t for t, m in zip(traj.token_ids, traj.loss_mask) if m]
+    return json.dumps(tok.decode(sampled, skip_special_tokens=True).strip())
+
+
 def flat(tree: Any, prefix: str) -> dict[str, np.ndarray]:
     """Path-keyed host arrays, for np.savez and for comparing trees leaf by leaf."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {prefix + jax.tree_util.keystr(path): np.asarray(x) for path, x in leaves}
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, shared_dir: str) -> None:
     # gloo is JAX's default CPU collectives backend in recent releases; older ones had none, and
     # without one a cross-process psum on CPU fails. Set before the backend starts.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -94,11 +124,15 @@ def main(out_path: str) -> None:
         "cross_process_leaves": np.array(split),
         "process_index": np.array(me),
         "broadcast": np.asarray(token),
+        "episodes": np.array(host_side_episode(me)),
     }
+    record = Path(shared_dir) / "record.json"
+    rundir.write_json(record, {"written_by": me})
+    assert json.loads(record.read_text()) == {"written_by": 0}  # whole, and process 0's, on both
     distributed.sync("gathered")
     np.savez(out_path, **out)
     distributed.sync("written")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

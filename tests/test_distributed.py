@@ -1,14 +1,17 @@
-"""Multi-process JAX: which environments join a process group, and a two-process GRPO step that
-equals the single-device one.
+"""Multi-process JAX: which environments join a process group, a two-process GRPO step that equals
+the single-device one, and a two-process training run with one writer whose files are the
+single-process run's.
 
-The two-process test starts `tests/distributed_worker.py` twice under `jax.distributed` on
-127.0.0.1 (4 fake CPU devices each, gloo collectives), so the mesh's 'data' axis crosses the
-process boundary and every gradient reduction goes over the wire. Both workers' gathered
-parameters must match the update computed here on one device.
+The two-process tests start workers under `jax.distributed` on 127.0.0.1 (4 fake CPU devices
+each, gloo collectives), so the mesh crosses the process boundary and every reduction goes over
+the wire: `tests/distributed_worker.py` (one GRPO step, host-side episodes handed out by process 0,
+one rundir write) and `tests/distributed_run.py` (the co-evolution loop in a shared workdir).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +24,7 @@ import pytest
 
 from intraskill_jax import distributed
 from intraskill_jax.models import sharding
+from tests import distributed_run
 from tests import distributed_worker as worker
 from tests.http_util import free_port
 
@@ -92,16 +96,19 @@ def test_single_process_helpers():
 # -- two processes, one sharded GRPO step -----------------------------------------------------------
 
 
-def _worker_env(process_id: int, port: int) -> dict[str, str]:
+def _worker_env(process_id: int | None, port: int, devices: int = 4) -> dict[str, str]:
+    """The environment of process `process_id` of two (None: a single process with `devices`)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("INTRASKILL_", "SLURM_", "OMPI_", "TPU_", "MEGASCALE_", "JAX_"))}
     env.update(
-        INTRASKILL_NUM_PROCESSES="2", INTRASKILL_PROCESS_ID=str(process_id),
-        INTRASKILL_COORDINATOR=f"127.0.0.1:{port}", JAX_PLATFORMS="cpu", OPENBLAS_NUM_THREADS="1",
+        JAX_PLATFORMS="cpu", OPENBLAS_NUM_THREADS="1",
         # Same XLA options as this process (tests/conftest.py) except the device count.
-        XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
+    if process_id is not None:
+        env.update(INTRASKILL_NUM_PROCESSES="2", INTRASKILL_PROCESS_ID=str(process_id),
+                   INTRASKILL_COORDINATOR=f"127.0.0.1:{port}")
     return env
 
 
@@ -112,17 +119,15 @@ def _tail(path: Path, chars: int = 4000) -> str:
     return "\n".join(lines)[-chars:]
 
 
-def _run_workers(tmp_path: Path) -> list[Path]:
-    """Runs both workers to completion; on a failure or the deadline, kills the rest and fails
-    with every worker's output (a lone survivor would otherwise wait at a barrier for minutes)."""
-    port = free_port()
-    outs = [tmp_path / f"worker{i}.npz" for i in range(2)]
-    logs = [tmp_path / f"worker{i}.log" for i in range(2)]
+def _run_all(tmp_path: Path, jobs: list[tuple[list[str], dict[str, str]]]) -> None:
+    """Runs `jobs` (argv after `python -m`, environment) at once to completion; on a failure or the
+    deadline, kills the rest and fails with every job's output (a lone survivor would otherwise
+    wait at a barrier for minutes)."""
+    logs = [tmp_path / f"job{i}.log" for i in range(len(jobs))]
     procs = []
-    for i in range(2):
-        with open(logs[i], "w") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.distributed_worker", str(outs[i])],
-                                          cwd=REPO, env=_worker_env(i, port), stdout=log,
+    for (argv, env), log in zip(jobs, logs):
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, env=env, stdout=out,
                                           stderr=subprocess.STDOUT))
     deadline = time.monotonic() + WORKER_DEADLINE_S
     try:
@@ -139,9 +144,17 @@ def _run_workers(tmp_path: Path) -> list[Path]:
                 p.kill()
                 p.wait()
     codes = [p.returncode for p in procs]
-    if codes != [0, 0]:
-        report = "\n".join(f"--- worker {i} (exit {codes[i]}) ---\n{_tail(logs[i])}" for i in range(2))
-        pytest.fail(f"distributed workers failed or passed the {WORKER_DEADLINE_S} s deadline:\n{report}")
+    if any(codes):
+        report = "\n".join(f"--- {' '.join(jobs[i][0])} (exit {codes[i]}) ---\n{_tail(logs[i])}"
+                           for i in range(len(jobs)))
+        pytest.fail(f"workers failed or passed the {WORKER_DEADLINE_S} s deadline:\n{report}")
+
+
+def _run_workers(tmp_path: Path) -> list[Path]:
+    port = free_port()
+    outs = [tmp_path / f"worker{i}.npz" for i in range(2)]
+    _run_all(tmp_path, [(["tests.distributed_worker", str(outs[i]), str(tmp_path / "shared")], _worker_env(i, port))
+                        for i in range(2)])
     return outs
 
 
@@ -158,6 +171,8 @@ def test_two_process_grpo_step_matches_one_device(tmp_path):
         assert int(got.pop("process_index")) == i
         assert int(got.pop("broadcast")[0]) == 7  # process 0's value reached process 1
         assert int(got.pop("cross_process_leaves")) > 0  # the update really spanned both processes
+        # Episodes from a host-side engine are process 0's on both (its script names its process).
+        assert str(got.pop("episodes")) == json.dumps(worker.SCRIPTED_REPLY.format(process=0))
         assert got.keys() == reference.keys()
         for key, want in reference.items():
             if key.startswith("initial"):  # the same seed builds the same weights on any mesh
@@ -170,3 +185,61 @@ def test_two_process_grpo_step_matches_one_device(tmp_path):
     moved = max(float(np.abs(reference[k] - reference["initial" + k[len("params"):]]).max())
                 for k in reference if k.startswith("params"))
     assert moved > 1e-4
+    # One rundir write, by process 0 alone, seen whole by both before either went on.
+    assert json.loads((tmp_path / "shared" / "record.json").read_text()) == {"written_by": 0}
+
+
+CHECKPOINTS = ("checkpoints/", "sft/checkpoints/")  # orbax's, the run's and the warm start's
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(WORKER_DEADLINE_S + 120)
+def test_two_process_run_has_one_writer_and_the_single_process_files(tmp_path):
+    """Two processes training in one workdir (fresh policy, warm start, GRPO steps on the 8-device
+    mesh, a gate, the final export) leave the files one process with the same 8 devices leaves: one
+    writer, the same episodes and decisions, and exports gathered across processes that are byte
+    for byte the single process's."""
+    port = free_port()
+    run, reference = tmp_path / "run", tmp_path / "reference"
+    jobs = [(["tests.distributed_run", str(run), str(tmp_path / f"writes{i}.json")], _worker_env(i, port))
+            for i in range(2)]
+    jobs.append((["tests.distributed_run", str(reference), str(tmp_path / "writes_ref.json")],
+                 _worker_env(None, port, devices=8)))
+    _run_all(tmp_path, jobs)
+    writes = [json.loads((tmp_path / f"writes{i}.json").read_text()) for i in range(2)]
+    assert [(w["process"], w["processes"]) for w in writes] == [(0, 2), (1, 2)]
+    # Process 0 wrote the run; process 1 nothing but orbax's own per-process checkpoint metadata.
+    assert {rel.split("/")[0] for _, rel in writes[0]["writes"]} >= {"config.json", "metrics.jsonl", "tb", "base", "sft",
+                                                                        "hf", "skills", "gates", "rollouts"}
+    strays = [(event, rel) for event, rel in writes[1]["writes"]
+              if not (rel.startswith(CHECKPOINTS) and rel.endswith("/array_metadatas/process_1"))]
+    assert strays == [], strays
+    # The same files as one process's run, each byte for byte, but for what differs by design:
+    # orbax's checkpoint internals (per-process names, timestamps), wall-clock metrics, event files.
+    def comparable(files):
+        return {k: v for k, v in files.items()
+                if not k.startswith((*CHECKPOINTS, "tb/", "sft/tb/")) and k not in ("metrics.jsonl", "sft/metrics.jsonl")}
+
+    got, want = comparable(_files(run)), comparable(_files(reference))
+    assert {"base/model.safetensors", "sft/hf/model.safetensors", "hf/final/model.safetensors",
+            "gates/round_0.json", "skills/round_1/ledger.json"} <= want.keys()
+    assert got.keys() == want.keys()
+    assert [k for k in want if got[k] != want[k]] == []
+    assert len(list((run / "tb").iterdir())) == len(list((reference / "tb").iterdir())) == 1
+    steps = distributed_run.OVERRIDES["train.gate_every"] * distributed_run.OVERRIDES["train.rounds"]
+    for name in ("metrics.jsonl", "sft/metrics.jsonl"):  # the same rows, up to wall-clock figures
+        rows = [[json.loads(line) for line in (d / name).read_text().splitlines()] for d in (run, reference)]
+        assert [r["step"] for r in rows[0]] == [r["step"] for r in rows[1]]
+        for a, b in zip(*rows):
+            a, b = ({k: v for k, v in r.items() if not k.startswith("perf/")} for r in (a, b))
+            assert a == pytest.approx(b, rel=1e-4), name
+    assert max(json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()) == steps
+    # The warm start trained on the mesh across both processes, so its export gathered weights that
+    # moved. (The smoke policy scores 0 in every GRPO group, so its steps admit nothing: the GRPO
+    # update across processes is the test above's.)
+    assert (run / "sft/hf/model.safetensors").read_bytes() != (run / "base/model.safetensors").read_bytes()

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from sim import render, reward
 
+from intraskill_jax import distributed
 from intraskill_jax.agent.prompts import system_prompt
 from intraskill_jax.agent.trajectory import Trajectory, Turn
 from intraskill_jax.rollout.base import GenerateRequest, RolloutEngine, SamplingParams
@@ -138,6 +139,10 @@ def run_episodes(
     f"{episode_prefix}-{i}", which engines see as the request session. At most `max_concurrent`
     episodes are in flight (the engine's batch capacity); when one finishes the next waiting one
     starts in the following round (continuous batching), in spec order, so a run is reproducible.
+
+    On several processes every process calls it: an engine whose `generate` is a collective
+    (the embedded sampler on the global mesh) is driven by all of them in lockstep; a host-side
+    client is driven by process 0 alone, whose episodes the others receive.
     """
     if len(envs) != len(specs):
         raise ValueError(f"need one env per episode: {len(envs)} envs for {len(specs)} specs")
@@ -155,7 +160,13 @@ def run_episodes(
     end_of_turn = tokenizer.convert_tokens_to_ids(IM_END)
     if end_of_turn not in sampling.stop_token_ids:
         sampling = dataclasses.replace(sampling, stop_token_ids=(*sampling.stop_token_ids, end_of_turn))
-    capacity = max_concurrent or len(specs)
+    play = lambda: _play(engine, envs, tokenizer, specs, sampling, config, episode_prefix,  # noqa: E731
+                         max_concurrent or len(specs))
+    return play() if engine.collective else distributed.from_main(play)
+
+
+def _play(engine: RolloutEngine, envs: Sequence[Env], tokenizer: Any, specs: Sequence[EpisodeSpec],
+          sampling: SamplingParams, config: AgentConfig, episode_prefix: str, capacity: int) -> list[Trajectory]:
     trajs: list[Trajectory | None] = [None] * len(specs)
     waiting = list(range(len(specs)))[::-1]
     active: list[int] = []

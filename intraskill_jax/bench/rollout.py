@@ -51,6 +51,8 @@ from intraskill_jax.tokenization import IM_END, train_tokenizer
 class HFGenerateEngine:
     """The reference: transformers `generate` over each request's full history, every turn."""
 
+    collective = False
+
     def __init__(self, model: Any, pad_id: int):
         self.model, self.pad_id = model, pad_id
         self.weight_version = 0

@@ -276,7 +276,7 @@ def _iter_export(
 
 
 def _host(value: jax.Array | np.ndarray) -> np.ndarray:
-    # Gathers a sharded array to this host; multi-host export needs a process_allgather first.
+    # On several processes the caller gathers sharded parameters first (rundir.publish_policy).
     return np.ascontiguousarray(jax.device_get(value))
 
 

@@ -91,7 +91,15 @@ class WeightUpdate:
 
 
 class RolloutEngine(Protocol):
+    """Attributes:
+      weight_version: the version of the weights replies are sampled from.
+      collective: whether `generate` runs programs over the devices of every JAX process (the
+        embedded sampler on a global mesh), so all processes must call it together; False for a
+        host-side client, which process 0 alone drives on several processes (`run_episodes`).
+    """
+
     weight_version: int
+    collective: bool
 
     def generate(self, requests: Sequence[GenerateRequest], params: SamplingParams) -> list[Completion]: ...
 
@@ -114,6 +122,8 @@ class ScriptedEngine:
     Used for oracle demonstrations (SFT data through the exact agent-loop format) and as the second
     implementation the agent loop is tested against. Log-probs are 0 (the script is certain).
     """
+
+    collective = False
 
     def __init__(self, encode: Callable[[str], list[int]], script: Callable[[str, Sequence[int]], str],
                  stop_token_id: int):

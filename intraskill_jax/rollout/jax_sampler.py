@@ -86,6 +86,8 @@ def _bucket(n: int, buckets: Sequence[int]) -> int:
 class JaxSampler:
     """A `RolloutEngine` over an NNX `CausalLM`."""
 
+    collective = True  # its programs run over the devices the model's parameters live on
+
     def __init__(self, model: nnx.Module, config: SamplerConfig | None = None, *, weight_version: int = 0):
         self.config = config or SamplerConfig()
         self.model_config = model.config

@@ -19,6 +19,7 @@ import httpx
 
 from sim.retry import Retryable, RetryPolicy, is_transient
 
+from intraskill_jax import distributed
 from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,11 @@ class SGLangError(RuntimeError):
 
 
 class SGLangEngine:
+    """A `RolloutEngine` client of an SGLang(-compatible) server. On several trainer processes
+    process 0 alone talks to the server (`run_episodes` hands its episodes to the others)."""
+
+    collective = False
+
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, retries: int = 5, backoff_s: float = 0.5,
                  flush_retries: int = 60, client: httpx.Client | None = None):
         self.base_url = base_url.rstrip("/")
@@ -120,8 +126,12 @@ class SGLangEngine:
     # -- weight sync -----------------------------------------------------------------------------
 
     def update_weights(self, weights: WeightUpdate) -> None:
-        """Has the server load `weights.hf_dir()` (exported on this call if it is not on disk yet)."""
-        self.sync_weights(str(weights.hf_dir()), weights.version)
+        """Has the server load `weights.hf_dir()` (exported on this call if it is not on disk yet).
+        The export is a collective on several processes; the server hears from process 0 alone."""
+        path = weights.hf_dir()
+        if distributed.is_main_process():
+            self.sync_weights(str(path), weights.version)
+        self.weight_version = weights.version
 
     def sync_weights(self, model_path: str, weight_version: int) -> None:
         """Pause, flush (retried while requests drain), reload from disk, continue."""
