@@ -79,7 +79,7 @@ def test_bad_values_and_missing_flags_are_usage_errors(capsys, main, argv, messa
 
 def test_the_console_entry_point_exits_2_with_one_line():
     done = subprocess.run([sys.executable, "-m", "intraskill_jax.cli", "serve", "--port", "30000", "--bogus"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+                          capture_output=True, text=True, cwd=REPO, timeout=300, check=False)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
         "intraskill serve: Unknown command line flag 'bogus' (`intraskill serve --help` lists its flags)"]
