@@ -51,12 +51,9 @@ def main(argv: list[str] | None = None) -> None:
 
         serve(rest)
     else:
-        from absl import app
-
         import sim.__main__ as sim_main
 
-        sys.argv = [f"intraskill {command}", _SIM_COMMANDS[command], *rest]
-        app.run(sim_main.main, argv=sys.argv)
+        sim_main.main([_SIM_COMMANDS[command], *rest], prog=f"intraskill {command}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +43,8 @@ from flax import nnx
 from jax.extend import core as jex_core
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import config_flags
+
+from sim import flagparse
 
 from intraskill_jax import runconfig
 from intraskill_jax.agent.trajectory import bucket_length
@@ -561,8 +562,9 @@ def _define_flags(values: flags.FlagValues, argv: Sequence[str]) -> None:
     # config_flags defines the --config.FIELD override flags it finds in `argv`.
     config_flags.DEFINE_config_file("config", None, "ml-collections config file (configs/*.py)", flag_values=values,
                                     sys_argv=list(argv))
+    flags.mark_flag_as_required("config", flag_values=values)
     flags.DEFINE_multi_string("topology", None, f"slice(s) to compile for: {', '.join(TOPOLOGIES)}, or KIND:GRID "
-                              "(e.g. v5p:2x2x2)", flag_values=values)
+                              "(e.g. v5p:2x2x2)", required=True, flag_values=values)
     flags.DEFINE_float("mfu", 0.4, "FLOP utilisation the step times assume", flag_values=values)
     flags.DEFINE_list("programs", list(PROGRAMS), "programs to compile", flag_values=values)
     flags.DEFINE_bool("search_micro_batch", False, "also find the largest micro-batch that fits (several "
@@ -575,36 +577,29 @@ def main(argv: Sequence[str]) -> None:
     # The host only traces; with libtpu present, jax would otherwise probe for a local TPU first.
     if not os.environ.get("JAX_PLATFORMS") and not jax.config.jax_platforms:
         jax.config.update("jax_platforms", "cpu")
-    argv = ["intraskill compile-check", *argv]
-    values = flags.FlagValues()
-    _define_flags(values, argv)
-    if any(a in ("-h", "--help", "-help") for a in argv):
-        print(__doc__.strip() + "\n\nflags:\n" + values.main_module_help(), file=sys.stderr)
-        raise SystemExit(0)
+    prog = "intraskill compile-check"
+    args = flagparse.parse(prog, __doc__, lambda v: _define_flags(v, [prog, *argv]), argv)
     try:
-        values(argv)
-        if values.config is None or not values.topology:
-            raise flags.Error("--config and --topology are required")
-        config = runconfig.load(values.config)
-        topologies = [parse_topology(t) for t in values.topology]
-    except (flags.Error, runconfig.ConfigError, CompileCheckError) as e:
-        raise SystemExit(f"intraskill compile-check: {e}") from None
+        config = runconfig.load(args.config)
+        topologies = [parse_topology(t) for t in args.topology]
+    except (runconfig.ConfigError, CompileCheckError) as e:
+        raise SystemExit(f"{prog}: {e}") from None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     reports, failures = [], []
     for topology in topologies:
         try:
-            report = check(config, topology, mfu=values.mfu, programs=values.programs)
+            report = check(config, topology, mfu=args.mfu, programs=args.programs)
         except CompileCheckError as e:
-            raise SystemExit(f"intraskill compile-check: {e}") from None
-        if values.search_micro_batch:
+            raise SystemExit(f"{prog}: {e}") from None
+        if args.search_micro_batch:
             resident = max((p.resident_bytes for p in report.programs), default=0)
             report = dataclasses.replace(report, largest_micro_batch=largest_micro_batch(config, topology,
                                                                                          resident_bytes=resident))
         reports.append(report)
         failures += verdict(report)
-        if not values.json:
+        if not args.json:
             print(format_report(report) + "\n", flush=True)
-    if values.json:
+    if args.json:
         print(json.dumps({"config": config.name, "topologies": [dataclasses.asdict(r) | {"fits": r.fits} for r in reports]},
                          indent=1))
     for line in failures:

@@ -98,9 +98,10 @@ def skill_bank(config: RunConfig, workdir: rundir.PathLike, which: str) -> Skill
 
 def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[Condition] | None = None, *,
              world: World | None = None, progress: bool | Progress = True,
-             out: rundir.PathLike | None = None) -> list[dict[str, Any]]:
+             out: rundir.PathLike | None = None, engine: RolloutEngine | None = None) -> list[dict[str, Any]]:
     """Plays every condition on the same test tasks; writes (to `out`, default eval/outcomes.jsonl)
-    and returns the outcome rows."""
+    and returns the outcome rows. `engine` replaces the configured rollout engine (e.g. a scripted
+    policy in a test); it is given each policy's weights in turn, as the configured one is."""
     progress = as_progress(progress)
     workdir = rundir.run_path(workdir)
     conditions = list(conditions or [DEFAULT[c] for c in config.eval.conditions])
@@ -118,7 +119,6 @@ def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[C
     policy_configs = {policy: config.for_policy(path) for policy, path in paths.items()}
     banks = {c.skill: skill_bank(config, workdir, c.skill) for c in conditions}
     rows: list[dict[str, Any]] = []
-    engine: RolloutEngine | None = None
     bar = progress.stage("evaluation", len(conditions) * len(tasks), unit="episode")
     for version, policy in enumerate(dict.fromkeys(c.policy for c in conditions)):
         path = paths[policy]

@@ -13,29 +13,39 @@ resumed run (same --workdir) continues from its last checkpoint; its config must
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import logging
 import math
 import re
-import sys
+import types
+from collections.abc import Sequence
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 from etils import epath
 from ml_collections import config_flags
 
+from sim import flagparse
+
 from intraskill_jax import runconfig
-from intraskill_jax.progress import Planned, Progress
+from intraskill_jax.progress import LOG_DATE_FORMAT, LOG_FORMAT, Planned, Progress
 
 QUICKSTART = str(Path(__file__).resolve().parent.parent / "configs" / "quickstart.py")
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "ml-collections config file (configs/*.py)")
-_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, skills, eval, report)")
-_CONDITIONS = flags.DEFINE_list("conditions", None, "eval conditions: names (base_bare, base_skill, trained_bare, "
-                                "trained_skill) or name=POLICY:SKILL with POLICY base|trained|DIR and SKILL "
-                                "none|initial|final|DIR")
-_QUIET = flags.DEFINE_bool("quiet", False, "no progress bars")
-_K = flags.DEFINE_integer("k", 3, "rank: chunks per subset (top-k, bottom-k, random-k)")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "multiseed: training seeds (one run each, under --workdir)")
+
+def _define_flags(values: flags.FlagValues, argv: Sequence[str]) -> None:
+    # config_flags defines the --config.FIELD override flags it finds in `argv`.
+    config_flags.DEFINE_config_file("config", None, "ml-collections config file (configs/*.py)", flag_values=values,
+                                    sys_argv=list(argv))
+    flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, skills, eval, report)",
+                        flag_values=values)
+    flags.DEFINE_list("conditions", None, "eval conditions: names (base_bare, base_skill, trained_bare, "
+                      "trained_skill) or name=POLICY:SKILL with POLICY base|trained|DIR and SKILL "
+                      "none|initial|final|DIR", flag_values=values)
+    flags.DEFINE_bool("quiet", False, "no progress bars", flag_values=values)
+    flags.DEFINE_integer("k", 3, "rank: chunks per subset (top-k, bottom-k, random-k)", flag_values=values)
+    flags.DEFINE_list("seeds", ["0", "1", "2"], "multiseed: training seeds (one run each, under --workdir)",
+                      flag_values=values)
 
 
 def job_plan(config: runconfig.RunConfig, command: str) -> list[Planned]:
@@ -57,26 +67,26 @@ def job_plan(config: runconfig.RunConfig, command: str) -> list[Planned]:
             "quickstart": train + evaluation + report}[command]
 
 
-def _setup(command: str):
+def _setup(command: str, args: types.SimpleNamespace):
     from intraskill_jax import distributed
 
+    prog = f"intraskill {command}"
+    if command != "quickstart" and args.config is None:
+        flagparse.usage_error(prog, "--config is required (e.g. --config=configs/quickstart.py)")
+    if command != "quickstart" and not args.workdir:
+        flagparse.usage_error(prog, "--workdir is required")
     distributed.maybe_initialize()
-    if _CONFIG.value is None:
-        if command != "quickstart":
-            raise app.UsageError("--config is required (e.g. --config=configs/quickstart.py)")
-    if command != "quickstart" and not _WORKDIR.value:
-        raise app.UsageError("--workdir is required")
     try:
-        config = runconfig.load(_CONFIG.value) if _CONFIG.value is not None else runconfig.load_file(QUICKSTART)
+        config = runconfig.load(args.config) if args.config is not None else runconfig.load_file(QUICKSTART)
     except runconfig.ConfigError as e:
-        raise SystemExit(f"intraskill {command}: {e}") from None
+        raise SystemExit(f"{prog}: {e}") from None
     from intraskill_jax import rundir
 
     try:
-        workdir = rundir.run_path(_WORKDIR.value or f"runs/{config.name}")
+        workdir = rundir.run_path(args.workdir or f"runs/{config.name}")
     except (ValueError, ImportError) as e:
-        raise SystemExit(f"intraskill {command}: --workdir: {e}") from None
-    return config, workdir, Progress(job_plan(config, command), enabled=not _QUIET.value)
+        flagparse.usage_error(prog, f"--workdir: {e}")
+    return config, workdir, Progress(job_plan(config, command), enabled=not args.quiet)
 
 
 def _train(config, workdir, progress):
@@ -91,10 +101,10 @@ def _train(config, workdir, progress):
     progress.write(f"trained policy: {rundir.final_policy_dir(workdir)}; final skill: {bank.name} ({len(bank.active)} chunks)")
 
 
-def _eval(config, workdir, progress):
+def _eval(config, workdir, progress, names):
     from intraskill_jax.evaluate import evaluate, parse_condition
 
-    conditions = [parse_condition(c) for c in _CONDITIONS.value] if _CONDITIONS.value else None
+    conditions = [parse_condition(c) for c in names] if names else None
     evaluate(config, workdir, conditions, progress=progress)
 
 
@@ -105,18 +115,18 @@ def _summary(workdir, figures=None):
     print("\n" + (format_summary(workdir) if figures is None else format_figures(figures, workdir)))
 
 
-def _rank(config, workdir, progress):
+def _rank(config, workdir, progress, k):
     from intraskill_jax import rundir
     from intraskill_jax.analysis.results import condition_table, format_condition_table
     from intraskill_jax.evaluate import evaluate, ranking_conditions, skill_bank
 
     bank = skill_bank(config, workdir, "final")
-    rows = evaluate(config, workdir, ranking_conditions(bank, _K.value, config.eval.seed), progress=progress,
+    rows = evaluate(config, workdir, ranking_conditions(bank, k, config.eval.seed), progress=progress,
                     out=rundir.ranking_outcomes_path(workdir))
     progress.write(format_condition_table(condition_table(rows)))
 
 
-def _multiseed(config, workdir, progress):
+def _multiseed(config, workdir, progress, seeds):
     """Trains and evaluates one run per seed (`<workdir>/seed_<s>/`) and pools the conditions."""
     import numpy as np
 
@@ -125,7 +135,7 @@ def _multiseed(config, workdir, progress):
     from intraskill_jax.evaluate import evaluate
 
     per_seed = {}
-    for seed in (int(s) for s in _SEEDS.value):
+    for seed in (int(s) for s in seeds):
         cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed))
         out = rundir.seed_run_dir(workdir, seed)
         with Progress(job_plan(cfg, "multiseed"), enabled=progress.enabled) as seed_progress:  # one display per seed
@@ -142,16 +152,20 @@ def _multiseed(config, workdir, progress):
     rundir.write_json(rundir.multiseed_path(workdir), {"seeds": list(per_seed), "conditions": pooled})
 
 
-def main(argv: list[str]) -> None:
-    command = argv[1]
-    config, workdir, progress = _setup(command)
+def main(command: str, args: types.SimpleNamespace) -> None:
+    config, workdir, progress = _setup(command, args)
+    # What absl's app.run gave these commands: a Python stack on a crash inside native code, and
+    # a handler for the libraries' warnings (ours print above the progress bar).
+    faulthandler.enable()
+    logging.basicConfig(format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT)
     with progress, progress.logging_to_bar("intraskill_jax", "sim"):
-        _command(command, config, workdir, progress)
+        _command(command, args, config, workdir, progress)
     if command == "eval":
         _summary(workdir)
 
 
-def _command(command: str, config: runconfig.RunConfig, workdir: epath.Path, progress: Progress) -> None:
+def _command(command: str, args: types.SimpleNamespace, config: runconfig.RunConfig, workdir: epath.Path,
+             progress: Progress) -> None:
     # Our progress lines at INFO; library chatter (orbax, absl, jax) only from WARNING up.
     logging.getLogger().setLevel(logging.WARNING)
     for name in ("intraskill_jax", "sim"):
@@ -172,22 +186,22 @@ def _command(command: str, config: runconfig.RunConfig, workdir: epath.Path, pro
     elif command == "train":
         _train(config, workdir, progress)
     elif command == "eval":
-        _eval(config, workdir, progress)
+        _eval(config, workdir, progress, args.conditions)
     elif command == "rank":
-        _rank(config, workdir, progress)
+        _rank(config, workdir, progress, args.k)
     elif command == "multiseed":
-        _multiseed(config, workdir, progress)
+        _multiseed(config, workdir, progress, args.seeds)
     elif command == "quickstart":
         from intraskill_jax.analysis.report import build_report, print_report
 
         _train(config, workdir, progress)
-        _eval(config, workdir, progress)
+        _eval(config, workdir, progress, args.conditions)
         report = build_report(workdir, progress=progress)
         progress.close()
         print_report(report, workdir)
         _summary(workdir, report.figures)
     else:
-        raise app.UsageError(f"unknown command {command!r}")
+        flagparse.usage_error(f"intraskill {command}", "unknown command")
 
 
 _SECTIONS = ", ".join(f.name for f in dataclasses.fields(runconfig.RunConfig) if f.name != "name")
@@ -240,14 +254,14 @@ def check_overrides(args: list[str]) -> None:
 
 
 def run(command: str, args: list[str]) -> None:
+    prog = f"intraskill {command}"
     if command == "quickstart":
-        if any(a in ("-h", "--help", "-help", "--helpshort") for a in args):
+        if any(a in flagparse.HELP for a in args):
             print(QUICKSTART_USAGE, end="")
             raise SystemExit(0)
         args = _quickstart_args(args)
     try:
         check_overrides(args)
     except runconfig.ConfigError as e:
-        raise SystemExit(f"intraskill {command}: {e}") from None
-    sys.argv = [f"intraskill {command}", *args]
-    app.run(lambda argv: main([argv[0], command, *argv[1:]]), argv=sys.argv)
+        raise SystemExit(f"{prog}: {e}") from None
+    main(command, flagparse.parse(prog, __doc__, lambda values: _define_flags(values, [prog, *args]), args))

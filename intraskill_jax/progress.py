@@ -26,6 +26,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+# Log lines as absl writes them (level letter, time, file:line), for the job's own records above
+# the bar and for the libraries' warnings alike.
+LOG_FORMAT = "%(levelname).1s %(asctime)s %(filename)s:%(lineno)d] %(message)s"
+LOG_DATE_FORMAT = "%H:%M:%S"
+
 
 @dataclasses.dataclass(frozen=True)
 class Planned:
@@ -205,8 +210,7 @@ class Progress:
     def logging_to_bar(self, *names: str) -> Iterator[None]:
         """Log records of loggers `names` print above the bar instead of through it."""
         handler = _BarHandler(self)
-        handler.setFormatter(logging.Formatter("%(levelname).1s %(asctime)s %(filename)s:%(lineno)d] %(message)s",
-                                               datefmt="%H:%M:%S"))
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt=LOG_DATE_FORMAT))
         loggers = [logging.getLogger(n) for n in names]
         saved = [lg.propagate for lg in loggers]
         for lg in loggers:

@@ -29,8 +29,30 @@ from intraskill_jax.skills.masks import sample_contexts
 
 log = logging.getLogger(__name__)
 
-# The demonstrations' seed stream: default_rng([seed, _DEMOS, k]) (coevolve.py holds streams 1-4).
+# The demonstrations' seed stream: default_rng([seed, _DEMOS, k]) (coevolve.py holds streams 1-4),
+# k = 0 for the training demonstrations, 1 for the held-out runs.
 _DEMOS = 5
+
+
+def oracle_runs(config: RunConfig, world: World, tokenizer, task_ids: Sequence[int], *,
+                heldout: bool) -> list[Trajectory]:
+    """The oracle's episodes on `task_ids`, rendered by the agent loop under training-like skill
+    masks (seeded by the run's seed, one stream for the demonstrations and one for held-out runs)."""
+    rng = np.random.default_rng([config.train.seed, _DEMOS, int(heldout)])
+    if config.skills.mode != "none":
+        bank = SkillBank.load(resolve_repo_path(config.skills.initial))
+        contexts = sample_contexts(bank, len(task_ids), rng, config.sim.catalog.lang, config.skills.masks)
+    else:
+        contexts = [SkillContext()] * len(task_ids)
+    specs = group_specs(task_ids, contexts)
+    return oracle_demonstrations([ShopEnv(world) for _ in specs], tokenizer, specs, config.agent)
+
+
+def heldout_runs(config: RunConfig, world: World, tokenizer) -> list[Trajectory]:
+    """The runs the warm start is scored on: the oracle on the first `warm_start.heldout_demos`
+    validation tasks (`eval/sft_agree_<kind>` in `<workdir>/sft/metrics.jsonl`)."""
+    return oracle_runs(config, world, tokenizer, world.splits.validation[: config.warm_start.heldout_demos],
+                       heldout=True)
 
 
 def warm_start(config: RunConfig, workdir: rundir.PathLike, base: epath.Path, world: World, *,
@@ -59,17 +81,8 @@ def _warm_start(config: RunConfig, sft_dir: epath.Path, out: epath.Path, base: e
 
     ws = config.warm_start
     tokenizer = load_tokenizer(base, config.agent)
-    lang = config.sim.catalog.lang
-    bank = SkillBank.load(resolve_repo_path(config.skills.initial))
-
-    def demonstrations(task_ids: Sequence[int], stream: int) -> list[Trajectory]:
-        rng = np.random.default_rng([config.train.seed, _DEMOS, stream])
-        contexts = (sample_contexts(bank, len(task_ids), rng, lang, config.skills.masks)
-                    if config.skills.mode != "none" else [SkillContext()] * len(task_ids))
-        specs = group_specs(task_ids, contexts)
-        return oracle_demonstrations([ShopEnv(world) for _ in specs], tokenizer, specs, config.agent)
-
-    demos = [d for d in demonstrations(world.splits.train[: ws.num_demos], 0) if d.success]
+    demos = [d for d in oracle_runs(config, world, tokenizer, world.splits.train[: ws.num_demos], heldout=False)
+             if d.success]
     if not demos:
         raise ValueError(f"no oracle demonstration succeeded within agent.max_turns={config.agent.max_turns} and "
                          f"agent.max_context_tokens={config.agent.max_context_tokens}; raise them")
@@ -78,7 +91,7 @@ def _warm_start(config: RunConfig, sft_dir: epath.Path, out: epath.Path, base: e
     with MetricsWriter(sft_dir) as writer, Checkpointer(rundir.checkpoints_dir(sft_dir)) as ckpt:
         result = run_sft(model, demos, ws.sft, pad_id=tokenizer.pad_token_id, mesh=mesh, writer=writer,
                          checkpointer=ckpt, progress=progress)
-        heldout = demonstrations(world.splits.validation[: ws.heldout_demos], 1) if ws.heldout_demos else []
+        heldout = heldout_runs(config, world, tokenizer) if ws.heldout_demos else []
         if heldout:
             agree = oracle_agreement(model, heldout, world.catalog, pad_id=tokenizer.pad_token_id,
                                      result_labels=config.sim.env.result_labels)

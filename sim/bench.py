@@ -16,7 +16,6 @@ Measured in one run, on one corpus and one query set, so the ratios survive nois
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import json
@@ -29,7 +28,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from absl import flags
 
+from sim import flagparse
 from sim.catalog import SyntheticCatalog
 from sim.config import CatalogConfig, EnvConfig, SearchConfig, SimConfig, SplitConfig
 from sim.env import ShopEnv
@@ -395,18 +396,20 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def _define_flags(values: flags.FlagValues) -> None:
+    flags.DEFINE_bool("json", False, "print one JSON object (the tracked figures)", flag_values=values)
+    flags.DEFINE_bool("skip-1m", False, "skip the 1M-product catalog (quick runs)", flag_values=values)
+    flags.DEFINE_integer("queries", 500, "oracle queries for ours and SQLite FTS5", flag_values=values)
+    flags.DEFINE_integer("rank-bm25-queries", 100,
+                         "queries for rank_bm25 (a full-corpus Python scan per query term, so fewer)", flag_values=values)
+    flags.DEFINE_integer("env-steps", 6000, "minimum env steps to time", flag_values=values)
+    flags.DEFINE_integer("products", CatalogConfig().num_products, "default catalog size", flag_values=values)
+    flags.DEFINE_integer("large", 1_000_000, "size of the large catalog", flag_values=values)
+    flags.DEFINE_integer("seed", 0, "seed of the catalogs and queries", flag_values=values)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", action="store_true", help="print one JSON object (the tracked figures)")
-    ap.add_argument("--skip-1m", action="store_true", help="skip the 1M-product catalog (quick runs)")
-    ap.add_argument("--queries", type=int, default=500, help="oracle queries for ours and SQLite FTS5")
-    ap.add_argument("--rank-bm25-queries", type=int, default=100,
-                    help="queries for rank_bm25 (a full-corpus Python scan per query term, so fewer)")
-    ap.add_argument("--env-steps", type=int, default=6000, help="minimum env steps to time")
-    ap.add_argument("--products", type=int, default=CatalogConfig().num_products, help="default catalog size")
-    ap.add_argument("--large", type=int, default=1_000_000, help="size of the large catalog")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = flagparse.parse("python -m sim.bench", __doc__, _define_flags, argv)
     out = run(num_products=args.products, queries=args.queries, rank_bm25_queries=args.rank_bm25_queries,
               env_steps=args.env_steps, large=None if args.skip_1m else args.large, seed=args.seed)
     if args.json:

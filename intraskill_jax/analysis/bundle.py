@@ -21,7 +21,6 @@ A bundle may live on gs:// like its run; its manifest, written last, is its comm
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from etils import epath
+
+from sim import flagparse
 
 from intraskill_jax import rundir
 from intraskill_jax.analysis import behaviour, results, training
@@ -474,24 +475,23 @@ def _is_number(x: Any) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`intraskill check-bundle DIR`: exit 0 with a summary, or 1 naming each bad file."""
-    parser = argparse.ArgumentParser(
-        prog="intraskill check-bundle",
-        description="Verify a bundle's SHA-256 manifest and recompute its figures from its data.",
-    )
-    parser.add_argument(
-        "bundle", type=rundir.run_path, help="the bundle directory, or a run directory holding bundle/ (local or gs://)"
-    )
-    args = parser.parse_args(argv)
-    if not (args.bundle / MANIFEST).exists() and (rundir.bundle_dir(args.bundle) / MANIFEST).is_file():
-        args.bundle = rundir.bundle_dir(args.bundle)
+    """`intraskill check-bundle DIR`: exit 0 with a summary, or 1 naming each bad file. DIR is the
+    bundle directory, or a run directory holding bundle/ (local or gs://)."""
+    prog = "intraskill check-bundle"
+    args = flagparse.parse(prog, main.__doc__, lambda values: None, argv, positional=("dir",))
     try:
-        result = check_bundle(args.bundle)
+        where = rundir.run_path(args.dir)
+    except (ValueError, ImportError) as e:
+        flagparse.usage_error(prog, str(e))
+    if not (where / MANIFEST).exists() and (rundir.bundle_dir(where) / MANIFEST).is_file():
+        where = rundir.bundle_dir(where)
+    try:
+        result = check_bundle(where)
     except BundleError as e:
         print(f"check-bundle: FAILED: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     print(
-        f"check-bundle: OK: {args.bundle}: {result.files} files match the manifest; "
+        f"check-bundle: OK: {where}: {result.files} files match the manifest; "
         f"{result.values} values of the derived files recomputed from the bundle alone"
     )
 

@@ -10,7 +10,6 @@ complete; each gap is logged naming its file and listed on the overview page.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -18,7 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from absl import flags
 from etils import epath
+
+from sim import flagparse
 
 from intraskill_jax import rundir
 from intraskill_jax.analysis.bundle import BundleCheck, build_bundle, check_bundle, load_bundle
@@ -75,23 +77,27 @@ def build_report(
     return Report(bundle_dir, out_dir, index, written, check, tuple(run.problems), figures)
 
 
+def _define_flags(values: flags.FlagValues) -> None:
+    flags.DEFINE_string("workdir", None, "the run directory (local or gs://)", required=True, flag_values=values)
+    flags.DEFINE_string("out", None, "site directory (default: <workdir>/report)", flag_values=values)
+    flags.DEFINE_bool("quiet", False, "no progress bar", flag_values=values)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="intraskill report",
-        description="Bundle a run directory (SHA-256 manifest), draw its plots and build the "
-        "offline HTML report.",
-    )
-    parser.add_argument("--workdir", type=rundir.run_path, required=True, help="the run directory (local or gs://)")
-    parser.add_argument("--out", type=rundir.run_path, default=None, help="site directory (default: <workdir>/report)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
+    prog = "intraskill report"
+    args = flagparse.parse(prog, __doc__, _define_flags, argv)
+    try:
+        workdir = rundir.run_path(args.workdir)
+        out = None if args.out is None else rundir.run_path(args.out)
+    except (ValueError, ImportError) as e:
+        flagparse.usage_error(prog, str(e))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        report = build_report(args.workdir, args.out, progress=not args.quiet)
+        report = build_report(workdir, out, progress=not args.quiet)
     except AnalysisInputError as e:
         log.error("%s", e)
         raise SystemExit(1) from None
-    print_report(report, args.workdir)
+    print_report(report, workdir)
 
 
 def print_report(report: Report, workdir: str | os.PathLike) -> None:

@@ -14,11 +14,14 @@ RoPE on every dimension), `qwen3` (2 dense layers).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+from collections.abc import Sequence
 
 import numpy as np
+from absl import flags
+
+from sim import flagparse
 
 WORDS = ("pillow", "towel", "blue", "red", "cotton", "silk", "luxury", "kids", "soft", "warm", "mat", "lamp")
 WIDTH = dict(hidden_size=128, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
@@ -81,19 +84,20 @@ def probe(variant: str, updates: int, batch_size: int, learning_rate: float) -> 
             "copy_chance": float(np.mean([np.exp(r[0]) for r in held_out]))}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variants", default="hybrid,qwen3")
-    parser.add_argument("--updates", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=2e-3)
-    parser.add_argument("--json", action="store_true", help="one JSON object (the default output too)")
-    args = parser.parse_args(argv)
-    variants = args.variants.split(",")
-    unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
-    rows = [probe(v, args.updates, args.batch_size, args.learning_rate) for v in variants]
+def _define_flags(values: flags.FlagValues) -> None:
+    flags.DEFINE_list("variants", ["hybrid", "qwen3"], f"model variants, comma-separated ({', '.join(VARIANTS)})",
+                      flag_values=values)
+    flags.register_validator("variants", lambda vs: bool(vs) and set(vs) <= set(VARIANTS),
+                             f"one or more of {', '.join(VARIANTS)}", flag_values=values)
+    flags.DEFINE_integer("updates", 1000, "SFT updates per variant", flag_values=values)
+    flags.DEFINE_integer("batch-size", 8, "lists per update", flag_values=values)
+    flags.DEFINE_float("learning-rate", 2e-3, "SFT learning rate", flag_values=values)
+    flags.DEFINE_bool("json", False, "one JSON object (the default output too)", flag_values=values)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = flagparse.parse("python -m intraskill_jax.bench.copy_probe", __doc__, _define_flags, argv)
+    rows = [probe(v, args.updates, args.batch_size, args.learning_rate) for v in args.variants]
     print(json.dumps({"bench": "copy_probe", "results": rows}))
 
 

@@ -12,12 +12,16 @@ in the same workdir resumes and only re-reads what is done.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from absl import flags
+
+from sim import flagparse
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "configs" / "shop_h200.py"
@@ -65,13 +69,15 @@ def run(config_path: str | Path, workdir: str | Path, *, progress: bool = False)
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="config file (default configs/shop_h200.py)")
-    parser.add_argument("--workdir", default="runs/shop_h200", help="run directory")
-    parser.add_argument("--progress", action="store_true", help="progress bars on stderr")
-    args = parser.parse_args(argv)
+def _define_flags(values: flags.FlagValues) -> None:
+    flags.DEFINE_bool("json", False, "print one JSON object", flag_values=values)
+    flags.DEFINE_string("config", str(DEFAULT_CONFIG), "config file", flag_values=values)
+    flags.DEFINE_string("workdir", "runs/shop_h200", "run directory", flag_values=values)
+    flags.DEFINE_bool("progress", False, "progress bars on stderr", flag_values=values)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = flagparse.parse("python -m intraskill_jax.bench.learn_shop", __doc__, _define_flags, argv)
     result = run(args.config, args.workdir, progress=args.progress)
     print(json.dumps(result, sort_keys=True) if args.json else json.dumps(result, indent=1, sort_keys=True))
 

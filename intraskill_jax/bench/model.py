@@ -21,14 +21,13 @@ a figure counts only from a quiet machine.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # XLA:CPU runs triangular_solve through LAPACK (scipy's OpenBLAS); OpenBLAS's own thread pool,
@@ -39,7 +38,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 from flax import nnx
+
+from sim import flagparse
 
 from intraskill_jax.models import (
     ModelConfig,
@@ -231,20 +233,20 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--size", choices=sorted(SIZES), default="small")
-    parser.add_argument("--kernels", default=",".join(KERNELS),
-                        help=f"kernel sets of our model, comma-separated ({', '.join(KERNELS)})")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating timed rounds (each side's best counts)")
-    parser.add_argument("--skip-reference", action="store_true", help="time only our model (no transformers run)")
-    args = parser.parse_args(argv)
-    kernels = tuple(k for k in args.kernels.split(",") if k)
-    unknown = [k for k in kernels if k not in KERNELS]
-    if unknown or not kernels:
-        parser.error(f"--kernels: unknown {unknown}; known: {', '.join(KERNELS)}")
-    result = run(args.size, kernels, args.rounds, args.skip_reference)
+def _define_flags(values: flags.FlagValues) -> None:
+    flags.DEFINE_bool("json", False, "print one JSON object", flag_values=values)
+    flags.DEFINE_enum("size", "small", sorted(SIZES), "model shapes", flag_values=values)
+    flags.DEFINE_list("kernels", list(KERNELS), f"kernel sets of our model, comma-separated ({', '.join(KERNELS)})",
+                      flag_values=values)
+    flags.register_validator("kernels", lambda ks: bool(ks) and set(ks) <= set(KERNELS),
+                             f"one or more of {', '.join(KERNELS)}", flag_values=values)
+    flags.DEFINE_integer("rounds", 3, "alternating timed rounds (each side's best counts)", flag_values=values)
+    flags.DEFINE_bool("skip-reference", False, "time only our model (no transformers run)", flag_values=values)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = flagparse.parse("python -m intraskill_jax.bench.model", __doc__, _define_flags, argv)
+    result = run(args.size, tuple(args.kernels), args.rounds, args.skip_reference)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

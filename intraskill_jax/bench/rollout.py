@@ -18,7 +18,6 @@ on the collated trajectories of the same run: one warm-up call compiles it, then
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -30,8 +29,10 @@ from typing import Any
 
 import jax
 import numpy as np
+from absl import flags
 from flax import nnx
 
+from sim import flagparse
 from sim.config import CatalogConfig, SimConfig, SplitConfig
 from sim.env import ShopEnv
 from sim.world import build_world
@@ -189,16 +190,18 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--episodes", type=int, default=8)
-    p.add_argument("--turns", type=int, default=10)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--size", default="small", choices=sorted(SIZES))
-    p.add_argument("--rounds", type=int, default=2, help="timed rounds per side (the best counts)")
-    p.add_argument("--update-repeats", type=int, default=3, help="timed GRPO updates (after one warm-up)")
-    args = p.parse_args(argv)
+def _define_flags(values: flags.FlagValues) -> None:
+    flags.DEFINE_bool("json", False, "print one JSON object", flag_values=values)
+    flags.DEFINE_integer("episodes", 8, "episodes per round", flag_values=values)
+    flags.DEFINE_integer("turns", 10, "turns per episode", flag_values=values)
+    flags.DEFINE_integer("new-tokens", 32, "tokens sampled per turn", flag_values=values)
+    flags.DEFINE_enum("size", "small", sorted(SIZES), "model shapes", flag_values=values)
+    flags.DEFINE_integer("rounds", 2, "timed rounds per side (the best counts)", flag_values=values)
+    flags.DEFINE_integer("update-repeats", 3, "timed GRPO updates (after one warm-up)", flag_values=values)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = flagparse.parse("python -m intraskill_jax.bench.rollout", __doc__, _define_flags, argv)
     result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.update_repeats)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 

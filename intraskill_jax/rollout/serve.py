@@ -9,10 +9,13 @@ trainer's weight sync writes), so TPU users get hot reload that sglang-jax lacks
 
 from __future__ import annotations
 
-import argparse
 import logging
+from collections.abc import Sequence
 
+from absl import flags
 from fastapi import FastAPI
+
+from sim import flagparse
 
 from intraskill_jax import rundir
 from intraskill_jax.rollout.base import WeightUpdate
@@ -45,15 +48,18 @@ def build_app(model_path: str, sampler: SamplerConfig | None = None, *, dtype: s
     return create_app(engine, tokenizer=tokenizer, reload=reload, model_name=model_path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="intraskill serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model-path", required=True, help="HF checkpoint directory (config.json, safetensors, tokenizer)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--max-batch", type=int, default=SamplerConfig.max_batch, help="concurrent sessions")
-    p.add_argument("--max-length", type=int, default=SamplerConfig.max_length, help="cache slots")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: by backend)")
-    args = p.parse_args(argv)
+def _define_flags(values: flags.FlagValues) -> None:
+    flags.DEFINE_string("model-path", None, "HF checkpoint directory (config.json, safetensors, tokenizer)",
+                        required=True, flag_values=values)
+    flags.DEFINE_string("host", "127.0.0.1", "address to listen on", flag_values=values)
+    flags.DEFINE_integer("port", 30000, "port to listen on", flag_values=values)
+    flags.DEFINE_integer("max-batch", SamplerConfig.max_batch, "concurrent sessions", flag_values=values)
+    flags.DEFINE_integer("max-length", SamplerConfig.max_length, "cache slots", flag_values=values)
+    flags.DEFINE_string("dtype", None, "float32 | bfloat16 (default: by backend)", flag_values=values)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = flagparse.parse("intraskill serve", __doc__, _define_flags, argv)
     import uvicorn
 
     logging.basicConfig(level=logging.INFO)

@@ -19,13 +19,15 @@ p = 0.5) and sigma^2 = Var(R_i - B_i - C_i^T beta), computed here by Monte Carlo
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from collections.abc import Sequence
 
 import numpy as np
+from absl import flags
 from scipy import stats as sps
+
+from sim import flagparse
 
 from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.skills.bank import Chunk, SkillBank
@@ -164,13 +166,15 @@ def _pooled(pred: np.ndarray, meas: np.ndarray, sel: np.ndarray) -> dict[str, fl
     return {"predicted": float(pred[sel].mean()), "measured": float(meas[sel].mean())}
 
 
+def _define_flags(values: flags.FlagValues) -> None:
+    flags.DEFINE_integer("replicates", PowerConfig.replicates, "simulated runs of the gate", flag_values=values)
+    flags.DEFINE_integer("n-tasks", PowerConfig.n_tasks, "validation tasks per gate", flag_values=values)
+    flags.DEFINE_integer("seed", PowerConfig.seed, "seed of the simulation", flag_values=values)
+    flags.DEFINE_bool("json", False, "print the full JSON report", flag_values=values)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--replicates", type=int, default=PowerConfig.replicates)
-    parser.add_argument("--n-tasks", type=int, default=PowerConfig.n_tasks)
-    parser.add_argument("--seed", type=int, default=PowerConfig.seed)
-    parser.add_argument("--json", action="store_true", help="print the full JSON report")
-    args = parser.parse_args(argv)
+    args = flagparse.parse("python -m intraskill_jax.skills.power", __doc__, _define_flags, argv)
     report = simulate(PowerConfig(replicates=args.replicates, n_tasks=args.n_tasks, seed=args.seed))
     if args.json:
         print(json.dumps(report, indent=1))

@@ -1,25 +1,31 @@
-"""Synthetic run directories and bundles shared by the analysis tests (built once per session)."""
+"""The analysis tests read one real tiny run (tests/analysis/tiny_run.py), built once per session."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from intraskill_jax.analysis.bundle import build_bundle
-from tests.analysis.synthetic_run import RunSpec, make_run
+from tests.analysis import tiny_run
 
 
 @pytest.fixture(scope="session")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished run: two rounds, two gates, three skill rounds, four test conditions."""
-    return make_run(tmp_path_factory.mktemp("run") / "run", RunSpec())
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tiny_run.TinyRun:
+    return tiny_run.build(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def run_dir(tiny: tiny_run.TinyRun) -> Path:
+    """A finished run: three rounds closed by the gate, evaluated in the four test conditions."""
+    return tiny.run
 
 
 @pytest.fixture(scope="session")
 def bundle_dir(run_dir: Path) -> Path:
-    return build_bundle(run_dir)
+    return Path(build_bundle(run_dir))
 
 
 @pytest.fixture
@@ -29,11 +35,15 @@ def bundle_copy(bundle_dir: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def partial_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run killed mid-round: gates of two rounds, three steps of round 2, no evaluation."""
-    return make_run(
-        tmp_path_factory.mktemp("partial") / "run", RunSpec(with_eval=False, extra_steps=3)
-    )
+def partial_run_dir(tiny: tiny_run.TinyRun) -> Path:
+    """The run as a kill in round 1 left it: gate 0 closed, steps 1-3 logged, no evaluation."""
+    return tiny.partial
+
+
+@pytest.fixture(scope="session")
+def fresh_run_dir(tiny: tiny_run.TinyRun) -> Path:
+    """The run as a kill after its first step left it: no gate, no evaluation."""
+    return tiny.fresh
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +56,4 @@ def report(run_dir: Path, bundle_dir: Path):
 
 @pytest.fixture(scope="session")
 def figures(report) -> dict:
-    import json
-
     return json.loads((report.bundle / "figures.json").read_text(encoding="utf-8"))

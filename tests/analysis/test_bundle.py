@@ -12,22 +12,31 @@ import pytest
 from intraskill_jax import rundir
 from intraskill_jax.analysis import bundle, results
 from intraskill_jax.analysis.bundle import BundleError, build_bundle, check_bundle
+from intraskill_jax.skills.bank import SkillBank
+
+PRIMARY = ("config.json", "problems.json", "metrics.jsonl", "groups.jsonl", "gates.json", "validation_episodes.jsonl",
+           "outcomes.jsonl")
+DERIVED = ("contributions.jsonl", "paired_outcomes.jsonl", "figures.json")
 
 
-def test_round_trip(run_dir: Path, bundle_dir: Path) -> None:
+def test_round_trip(tiny, run_dir: Path, bundle_dir: Path) -> None:
+    t = tiny.config.train
     assert bundle_dir == run_dir / "bundle"
     check = check_bundle(bundle_dir)
-    assert check.files == len(bundle.bundle_files(bundle_dir)) == 13 and check.values > 1000
+    skills = [f"skills/round_{k}.json" for k in range(t.rounds + 1)]
+    assert bundle.bundle_files(bundle_dir) == sorted([*PRIMARY, *DERIVED, *skills])
+    assert check.files == len(skills) + 10 and check.values > 1000
     data = bundle.load_bundle(bundle_dir)
     assert data.outcomes == rundir.read_jsonl(rundir.eval_outcomes_path(run_dir))
     assert data.config == json.loads((run_dir / "config.json").read_text())
-    assert [s["name"] for s in data.skills] == ["s0", "s1", "s2"]
-    assert {c["id"]: c["zh"] for c in data.skills[0]["chunks"]}["when-to-buy"]
+    banks = [SkillBank.load_round(run_dir, k) for k in range(t.rounds + 1)]
+    assert [s["name"] for s in data.skills] == [b.name for b in banks]
+    assert [[c["zh"] for c in s["chunks"]] for s in data.skills] == [[c.zh for c in b.chunks] for b in banks]
     assert data.problems == []
     figures = json.loads((bundle_dir / "figures.json").read_text())
     assert figures == data.figures
     assert figures["conditions"] == results.condition_table(data.outcomes)
-    assert figures["run"]["rounds_closed"] == 2 and figures["run"]["last_step"] == 10
+    assert figures["run"]["rounds_closed"] == t.rounds and figures["run"]["last_step"] == t.steps
     manifest = json.loads((bundle_dir / "manifest.json").read_text())
     assert sorted(manifest["files"]) == bundle.bundle_files(bundle_dir)
 
@@ -112,7 +121,8 @@ def test_partial_run_bundles_what_is_complete(partial_run_dir: Path, tmp_path: P
     check_bundle(out)
     figures = json.loads((out / "figures.json").read_text())
     assert figures["conditions"] == [] and figures["comparisons"] == []
-    assert figures["run"]["last_step"] == 13 and figures["run"]["problems"] == 1
+    last_step = max(r["step"] for r in rundir.read_jsonl(partial_run_dir / "metrics.jsonl"))
+    assert figures["run"]["last_step"] == last_step and figures["run"]["problems"] == 1
     (problem,) = json.loads((out / "problems.json").read_text())
     assert problem["path"] == "metrics.jsonl" and "has not closed" in problem["message"]
 

@@ -33,13 +33,13 @@ def test_plots_skip_what_has_no_data(figures: dict) -> None:
 
 def test_partial_run_still_reports(partial_run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = Path(shutil.copytree(partial_run_dir, tmp_path / "run"))
-    (run / "rollouts" / "step_000007.jsonl").unlink()  # and a lost step file on top
+    (run / "rollouts" / "step_000001.jsonl").unlink()  # and a lost step file on top
     report_mod.main(["--workdir", str(run), "--out", str(tmp_path / "site"), "--quiet"])
     out = capsys.readouterr().out
     assert f"report: {(tmp_path / 'site' / 'index.html').as_uri()}" in out
     overview = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
-    assert "<code>rollouts/step_000007.jsonl</code> (missing)" in overview
-    assert "<code>metrics.jsonl</code> (incomplete)" in overview and "round 2 has not closed" in overview
+    assert "<code>rollouts/step_000001.jsonl</code> (missing)" in overview
+    assert "<code>metrics.jsonl</code> (incomplete)" in overview and "round 1 has not closed" in overview
     assert "No evaluation yet" in (tmp_path / "site" / "results.html").read_text(encoding="utf-8")
     made = {p.stem for p in (tmp_path / "site" / "plots").glob("*.svg")}
     assert made == {"training", "behaviour_checkpoints", "contributions", "funnel"}

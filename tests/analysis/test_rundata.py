@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from intraskill_jax import rundir
 from intraskill_jax.analysis.rundata import RunDataError, load_run
 
 
@@ -15,34 +16,47 @@ def damaged(partial_run_dir: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(partial_run_dir, tmp_path / "run"))
 
 
+def _steps_after_last_gate(run: Path) -> tuple[list[int], int]:
+    """The metric steps logged after the last gate document, and the number of gates."""
+    gates = [rundir.read_json(p) for p in sorted((run / "gates").glob("round_[0-9]*.json"))]
+    last = max(g["step"] for g in gates)
+    return sorted({r["step"] for r in rundir.read_jsonl(run / "metrics.jsonl")} - set(range(last + 1))), len(gates)
+
+
 def _paths(run) -> dict[str, str]:
     return {p.path: p.message for p in run.problems}
 
 
-def test_finished_run_has_no_problems(run_dir: Path) -> None:
+def test_finished_run_has_no_problems(tiny, run_dir: Path) -> None:
     run = load_run(run_dir, strict=True)
-    assert len(run.gates) == 2 and len(run.skills) == 3 and len(run.outcomes) == 160
-    assert {r["step"] for r in run.rollouts} == set(range(10))
-    assert run.skills[2]["chunks"][0]["zh"]
+    t = tiny.config.train
+    assert len(run.gates) == t.rounds and len(run.skills) == t.rounds + 1
+    assert len(run.outcomes) == len(rundir.read_jsonl(rundir.eval_outcomes_path(run_dir))) == 4 * tiny.config.eval.num_tasks
+    assert {r["step"] for r in run.rollouts} == set(range(t.steps))
+    assert all(c["zh"] and c["en"] for s in run.skills for c in s["chunks"])
 
 
 def test_run_stopped_mid_round_is_noted(partial_run_dir: Path) -> None:
+    tail, gates = _steps_after_last_gate(partial_run_dir)
+    assert tail and gates == 1
     run = load_run(partial_run_dir)
-    assert run.outcomes == []
+    assert run.outcomes == [] and len(run.gates) == gates
     (p,) = run.problems
     assert p.path == "metrics.jsonl" and p.kind == "incomplete"
-    assert "steps 11-13" in p.message and "round 2 has not closed" in p.message
-    with pytest.raises(RunDataError, match="round 2 has not closed") as e:
+    assert f"steps {tail[0]}-{tail[-1]}" in p.message and f"round {gates} has not closed" in p.message
+    with pytest.raises(RunDataError, match=f"round {gates} has not closed") as e:
         load_run(partial_run_dir, strict=True)
     assert e.value.path == "metrics.jsonl"
 
 
 def test_missing_step_files_are_named(damaged: Path) -> None:
-    (damaged / "rollouts" / "step_000004.jsonl").unlink()
-    (damaged / "rollouts" / "step_000012.jsonl").unlink()  # the last one: only metrics show it ran
+    files = sorted(p.name for p in (damaged / "rollouts").glob("step_*.jsonl"))
+    assert len(files) >= 3
+    gap, last = files[1], files[-1]  # the last one: only metrics show it ran
+    for name in (gap, last):
+        (damaged / "rollouts" / name).unlink()
     problems = _paths(load_run(damaged))
-    assert "absent" in problems["rollouts/step_000004.jsonl"]
-    assert "absent" in problems["rollouts/step_000012.jsonl"]
+    assert "absent" in problems[f"rollouts/{gap}"] and "absent" in problems[f"rollouts/{last}"]
     assert len(problems) == 3  # and the unfinished round; no step is reported that did exist
 
 
@@ -62,24 +76,27 @@ def test_torn_and_corrupt_lines_keep_the_rest(damaged: Path) -> None:
     assert sum(e["round"] == 0 for e in run.gate_episodes) == len(eps)  # the inserted line only
 
 
-def test_broken_gate_and_unwritten_bank(damaged: Path) -> None:
-    (damaged / "gates" / "round_1.json").write_text('{"round": 1, "step"')
+def test_broken_gate_and_unwritten_bank(tiny, run_dir: Path, tmp_path: Path) -> None:
+    damaged = Path(shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("checkpoints", "hf")))
+    k = tiny.config.train.rounds - 1  # the last gate, after at least one good one
+    assert k >= 1
+    (damaged / "gates" / f"round_{k}.json").write_text(f'{{"round": {k}, "step"')
     (damaged / "gates" / "round_0_episodes.jsonl").unlink()
-    shutil.rmtree(damaged / "skills" / "round_2")
+    shutil.rmtree(damaged / "skills" / f"round_{k + 1}")
     run = load_run(damaged)
     problems = _paths(run)
-    assert "not JSON" in problems["gates/round_1.json"]
+    assert "not JSON" in problems[f"gates/round_{k}.json"]
     assert "validation episodes are absent" in problems["gates/round_0_episodes.jsonl"]
-    # With gate 1 unreadable nothing says round 2 should exist: no problem is invented for it.
-    assert "skills/round_2" not in problems
-    assert [g["round"] for g in run.gates] == [0]
-    assert [s["round"] for s in run.skills] == [0, 1]
+    # With gate k unreadable nothing says round k+1 should exist: no problem is invented for it.
+    assert f"skills/round_{k + 1}" not in problems
+    assert [g["round"] for g in run.gates] == list(range(k))
+    assert [s["round"] for s in run.skills] == list(range(k + 1))
 
 
 def test_bank_missing_after_its_gate(damaged: Path) -> None:
-    shutil.rmtree(damaged / "skills" / "round_2")
+    shutil.rmtree(damaged / "skills" / "round_1")
     problems = _paths(load_run(damaged))
-    assert "round 2: the bank was never written" in problems["skills/round_2"]
+    assert "round 1: the bank was never written" in problems["skills/round_1"]
 
 
 def test_not_a_run(tmp_path: Path) -> None:
@@ -90,10 +107,11 @@ def test_not_a_run(tmp_path: Path) -> None:
 
 
 def test_repeated_outcomes_keep_the_first(run_dir: Path, tmp_path: Path) -> None:
-    run = Path(shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("bundle", "report")))
+    run = Path(shutil.copytree(run_dir, tmp_path / "run",
+                               ignore=shutil.ignore_patterns("bundle", "report", "checkpoints", "hf")))
     path = run / "eval" / "outcomes.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines) + lines[0] + lines[5])
     loaded = load_run(run)
-    assert len(loaded.outcomes) == 160
+    assert len(loaded.outcomes) == len(lines)
     assert "2 repeated (condition, task)" in _paths(loaded)["eval/outcomes.jsonl"]

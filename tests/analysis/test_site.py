@@ -225,9 +225,11 @@ def test_skill_texts_in_chromium(browser, report) -> None:
     from selenium.webdriver.common.by import By
 
     _load(browser, report.out / "skills.html")
-    last = json.loads((report.bundle / "skills" / "round_2.json").read_text(encoding="utf-8"))
+    last = json.loads(max((report.bundle / "skills").glob("round_*.json"), key=lambda p: int(p.stem[6:])).read_text(
+        encoding="utf-8"))
     for c in last["chunks"]:
-        article = browser.find_element(By.CSS_SELECTOR, f'article[data-round="2"][data-chunk="{c["id"]}"]')
+        article = browser.find_element(By.CSS_SELECTOR,
+                                       f'article[data-round="{last["round"]}"][data-chunk="{c["id"]}"]')
         texts = {t.get_attribute("lang"): t.get_attribute("textContent")
                  for t in article.find_elements(By.CSS_SELECTOR, ".text")}
         assert texts == {"en": c["en"], "zh": c["zh"]}

@@ -8,23 +8,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from intraskill_jax.models import ModelConfig, causal_lm_class, token_logprobs
+from intraskill_jax.models import causal_lm_class, token_logprobs
 from intraskill_jax.rollout.base import GenerateRequest, SamplingParams
-from intraskill_jax.rollout.jax_sampler import JaxSampler, SamplerConfig
+from intraskill_jax.rollout.jax_sampler import JaxSampler
+
+from tests.rollout.tiny_models import SMALL, make_model
 
 STOP = 7
-
-
-def make_model(family):
-    cfg = ModelConfig.tiny_qwen3_5() if family == "qwen3_5" else ModelConfig.tiny_qwen3()
-    model = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
-    # Random norm weights and DeltaNet gates, so the test is not blind to 1+w vs w mistakes.
-    state = nnx.state(model, nnx.Param)
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(jax.random.key(1), len(leaves))
-    leaves = [x + 0.3 * jax.random.normal(k, x.shape, x.dtype) if x.ndim <= 1 else x for x, k in zip(leaves, keys)]
-    nnx.update(model, jax.tree.unflatten(tree, leaves))
-    return model
 
 
 _FORWARDS = {}
@@ -64,9 +54,6 @@ def model(request):
     return make_model(request.param)
 
 
-# One sampler shape for every test: the jitted programs compile once per model family.
-SMALL = SamplerConfig(max_batch=4, max_length=160, prefill_buckets=(8, 32), decode_buckets=(16,))
-
 
 def small(**kw):
     return dataclasses.replace(SMALL, **kw)
@@ -77,7 +64,7 @@ def test_batched_greedy_equals_uncached_reference(model):
     ps = prompts(0, 3)
     params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
     got = sampler.generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
-    for p, c in zip(ps, got):
+    for p, c in zip(ps, got, strict=True):
         assert c.token_ids == greedy_reference(model, p, 12)
         assert c.finish_reason == ("stop" if c.token_ids[-1] == STOP else "length")
 
@@ -91,7 +78,7 @@ def test_a_model_with_remat_samples_as_the_model_without(model):
     ps = prompts(4, 2)
     params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
     got = JaxSampler(remat, small()).generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
-    for p, c in zip(ps, got):
+    for p, c in zip(ps, got, strict=True):
         assert c.token_ids == greedy_reference(model, p, 12)
 
 
@@ -114,7 +101,7 @@ def test_multi_turn_reuses_the_cache_and_matches_a_fresh_session(model):
         # Turn 1 advances only A: B's row must stay untouched while idle.
         sessions = ["A"] if turn == 1 else ["A", "B"]
         got = sampler.generate([GenerateRequest(s, history[s]) for s in sessions], params)
-        for s, c in zip(sessions, got):
+        for s, c in zip(sessions, got, strict=True):
             assert c.token_ids == greedy_reference(model, history[s], 6), (turn, s)
             history[s] = history[s] + c.token_ids + [40 + turn, 41, 42 + turn]  # an observation
     # A session whose history diverged is rebuilt from scratch.
@@ -130,7 +117,7 @@ def test_rows_use_only_their_own_slots_and_overlong_sessions_are_refused(model):
     params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
     history = {s: p for s, p in zip("AB", prompts(4, 2, 10, 20))}
     for turn in range(6):
-        for s, c in zip("AB", sampler.generate([GenerateRequest(s, history[s]) for s in "AB"], params)):
+        for s, c in zip("AB", sampler.generate([GenerateRequest(s, history[s]) for s in "AB"], params), strict=True):
             assert c.token_ids == greedy_reference(model, history[s], 8), (turn, s)
             history[s] = history[s] + c.token_ids + list(range(50, 53 + 4 * (s == "A")))
     lengths = np.asarray(sampler._cache.length)
@@ -151,7 +138,7 @@ def test_a_shared_prompt_prefix_is_prefilled_once_and_stays_exact(model):
     params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
     got = sampler.generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
     assert sampler.shared_prefix_tokens == 19 * 3  # every row keeps its last token for its logits
-    for p, c in zip(ps, got):
+    for p, c in zip(ps, got, strict=True):
         assert c.token_ids == greedy_reference(model, p, 8)
 
 
@@ -161,7 +148,7 @@ def test_cache_grows_with_the_sessions_and_restarts_short(model):
     history = {s: p for s, p in zip("AB", prompts(5, 2, 10, 20))}
     lengths = []
     for turn in range(4):
-        for s, c in zip("AB", sampler.generate([GenerateRequest(s, history[s]) for s in "AB"], params)):
+        for s, c in zip("AB", sampler.generate([GenerateRequest(s, history[s]) for s in "AB"], params), strict=True):
             assert c.token_ids == greedy_reference(model, history[s], 8), (turn, s)
             history[s] = history[s] + c.token_ids + list(range(50, 62))
         lengths.append(sampler.cache_length)

@@ -2,7 +2,7 @@
 
 from intraskill_jax.rollout.base import GenerateRequest, SamplingParams
 from intraskill_jax.rollout.jax_sampler import JaxSampler, SamplerConfig
-from tests.rollout.test_jax_sampler import make_model
+from tests.rollout.tiny_models import make_model
 
 
 def test_reseed_replays_and_distinct_seeds_differ():

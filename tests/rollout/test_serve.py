@@ -12,7 +12,7 @@ from intraskill_jax.rollout.serve import build_app
 from intraskill_jax.rollout.sglang import SGLangEngine, SGLangError
 from intraskill_jax.tokenization import train_tokenizer
 from tests.http_util import serve_app
-from tests.rollout.test_jax_sampler import SMALL
+from tests.rollout.tiny_models import SMALL
 
 
 def checkpoint(path, seed, tok):
