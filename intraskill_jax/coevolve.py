@@ -273,11 +273,18 @@ def _bank_markdown(bank: SkillBank, lang: str) -> str:
 
 
 def _check_config_unchanged(config: RunConfig, workdir: epath.Path) -> None:
-    """A resumed run must use the config it started with (`config.json`); a changed one is an error."""
+    """A resumed run must use the config it started with (`config.json`); a changed one is an error.
+    On several processes every one must then read process 0's `config.json`: the workdir must be
+    storage they all see."""
     path = rundir.config_path(workdir)
     if path.is_file():
         if rundir.read_json(path) != json.loads(config.to_json()):
             raise ValueError(f"{workdir} holds a run with a different config ({path}); use a new --workdir "
                              "or the original config")
-        return
-    rundir.write_json(path, config.to_dict())
+    else:
+        rundir.write_json(path, config.to_dict())
+    seen = distributed.all_processes(path.is_file())
+    if not all(seen):
+        raise ValueError(f"processes {[i for i, ok in enumerate(seen) if not ok]} do not see {path}, which process 0 "
+                         "wrote: the workdir must be one storage every process sees (gs://, or a shared file system "
+                         "without attribute caching)")

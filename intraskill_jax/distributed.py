@@ -34,15 +34,17 @@ collectives that all of them call together. What keeps the host side identical e
     fetches; episodes from a host-side client (a rollout server) and analyst proposals (an LLM
     API) are made by process 0 alone and handed to the rest (`from_main`);
   * process 0 is the one writer of the run directory (`is_main_process`), and every write is
-    bracketed by barriers named after the path (`rundir`): reads before a write see the
-    directory without it on every process, reads after see it with it, and a process that
-    strays from the others' order fails the barrier's name check instead of deadlocking silently;
+    bracketed by a barrier named after the path and an exchange of whether it failed (`rundir`):
+    reads before a write see the directory without it on every process, reads after see it with
+    it, a failed write raises everywhere, and a process that strays to another write fails the
+    name check (one that strays into a different collective waits there, as any collective does);
   * an HF export gathers the sharded parameters on every process (`gather_to_host`, collective)
     before process 0 writes them.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import os
@@ -167,8 +169,7 @@ def maybe_initialize(env: Mapping[str, str] | None = None, *, timeout_s: int = 3
 
 
 def is_multiprocess() -> bool:
-    """True in a group of several JAX processes. Never starts a backend: a process that did not
-    join one (`maybe_initialize`) is alone, whatever devices it has."""
+    """True in a group of several JAX processes (one joined through `maybe_initialize`)."""
     return jax.distributed.is_initialized() and jax.process_count() > 1
 
 
@@ -177,10 +178,26 @@ def is_main_process() -> bool:
     return not is_multiprocess() or jax.process_index() == 0
 
 
+# Set while process 0 runs a `from_main` function alone: a collective there would wait forever
+# for processes that are not running it.
+_MAIN_ONLY = contextvars.ContextVar("intraskill_main_only", default=False)
+
+
+def _collective(name: str) -> bool:
+    """Whether a collective must run (several processes); refuses one inside `from_main`."""
+    if not is_multiprocess():
+        return False
+    if _MAIN_ONLY.get():
+        raise RuntimeError(f"{name} inside a from_main function: process 0 runs it alone, so the other processes "
+                           "would never join the collective")
+    return True
+
+
 def sync(name: str) -> None:
-    """Barrier: returns once every process has called sync(name); fails when another process
-    called it under a different name (it strayed from the lockstep order)."""
-    if is_multiprocess():
+    """Barrier: returns once every process has called sync(name); fails when the other processes
+    reached a barrier of another name (one strayed from the lockstep order). Against a process
+    that is inside a different collective it waits, as every collective does."""
+    if _collective(f"sync({name!r})"):
         multihost_utils.sync_global_devices(name)
 
 
@@ -190,11 +207,12 @@ def gather_to_host(tree: Any) -> Any:
     Sharded arrays are gathered one leaf at a time, so the extra device memory is one replicated
     tensor rather than a replicated model.
     """
+    cross = _collective("gather_to_host")
 
     def one(x: Any) -> Any:
         if not isinstance(x, jax.Array):
             return x
-        if x.is_fully_addressable:
+        if x.is_fully_addressable or not cross:
             return np.asarray(jax.device_get(x))
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
@@ -203,25 +221,67 @@ def gather_to_host(tree: Any) -> Any:
 
 def broadcast_from_main(tree: Any) -> Any:
     """Process 0's values of the arrays in `tree` on every process (shapes and dtypes must match)."""
-    if not is_multiprocess():
+    if not _collective("broadcast_from_main"):
         return tree
     return multihost_utils.broadcast_one_to_all(tree)
+
+
+def all_processes(flag: bool) -> list[bool]:
+    """Every process's `flag`, in process order (a collective)."""
+    if not _collective("all_processes"):
+        return [bool(flag)]
+    return [bool(x) for x in np.asarray(multihost_utils.process_allgather(np.array([flag], np.int32))).reshape(-1)]
+
+
+BROADCAST_PIECE = 16 << 20  # bytes per broadcast of a pickled result: bounds device memory, few shapes
+
+
+def _broadcast_bytes(payload: bytes) -> bytes:
+    """Process 0's `payload` on every process: its length as 8 bytes, then pieces of at most
+    `BROADCAST_PIECE` bytes, each padded to a power of two (>= 1 KiB) so the broadcast compiles
+    for a handful of shapes. Bytes are summed with zeros, so no integer width limits the length."""
+    header = np.frombuffer(len(payload).to_bytes(8, "little"), np.uint8)
+    size = int.from_bytes(np.asarray(broadcast_from_main(header), np.uint8).tobytes(), "little")
+    source = np.frombuffer(payload, np.uint8)
+    pieces = []
+    for start in range(0, size, BROADCAST_PIECE):
+        n = min(BROADCAST_PIECE, size - start)
+        padded = np.zeros(1 << max(10, (n - 1).bit_length()), np.uint8)
+        padded[: len(source[start: start + n])] = source[start: start + n]
+        pieces.append(np.asarray(broadcast_from_main(padded), np.uint8)[:n].tobytes())
+    return b"".join(pieces)
 
 
 def from_main(fn: Callable[[], T]) -> T:
     """`fn()` run on process 0 alone and its (picklable) result handed to every process.
 
     For host-side work whose result may differ between processes or must happen once: episodes
-    from a rollout server, an analyst's LLM calls. `fn` must not call collectives. The payload
-    travels padded to a power of two, so the broadcast compiles for a few sizes only.
+    from a rollout server, an analyst's LLM calls. `fn` must not call collectives (they raise
+    here). When `fn` raises on process 0, every process raises (the others a RuntimeError
+    naming process 0's error), so no process waits for a result that never comes. Nested calls
+    run `fn` directly.
     """
-    if not is_multiprocess():
+    if not is_multiprocess() or _MAIN_ONLY.get():
         return fn()
     main = jax.process_index() == 0
-    result = fn() if main else None
-    payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL) if main else b""
-    (size,) = np.asarray(broadcast_from_main(np.array([len(payload)], np.int64)))
-    padded = np.zeros(1 << max(10, int(size - 1).bit_length()), np.uint8)
-    padded[: len(payload)] = np.frombuffer(payload, np.uint8)
-    received = np.asarray(broadcast_from_main(padded))
-    return result if main else pickle.loads(received[:size].tobytes())
+    payload = b""
+    if main:
+        token = _MAIN_ONLY.set(True)
+        try:
+            outcome: tuple[bool, Any] = (True, fn())
+        except Exception as e:  # handed to every process below, then raised everywhere
+            outcome = (False, e)
+        finally:
+            _MAIN_ONLY.reset(token)
+        try:
+            payload = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # an unpicklable result or exception
+            outcome = (False, RuntimeError(f"process 0's result of from_main does not pickle: {e!r}"))
+            payload = pickle.dumps(outcome)
+    received = _broadcast_bytes(payload)
+    ok, value = outcome if main else pickle.loads(received)
+    if not ok:
+        if main:
+            raise value
+        raise RuntimeError(f"process 0 failed: {value!r}")
+    return value

@@ -25,7 +25,7 @@ from etils import epath
 from sim.world import World, build_world
 
 from intraskill_jax import rundir
-from intraskill_jax.policy import load_policy, load_tokenizer, play, prepare_policy
+from intraskill_jax.policy import default_mesh, load_policy, load_tokenizer, play, prepare_policy
 from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.rollout.base import RolloutEngine, WeightUpdate
@@ -120,11 +120,12 @@ def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[C
     banks = {c.skill: skill_bank(config, workdir, c.skill) for c in conditions}
     rows: list[dict[str, Any]] = []
     bar = progress.stage("evaluation", len(conditions) * len(tasks), unit="episode")
+    mesh = default_mesh(config)
     for version, policy in enumerate(dict.fromkeys(c.policy for c in conditions)):
         path = paths[policy]
         tokenizer = load_tokenizer(path, policy_configs[policy].agent)
         # The model is loaded only for an engine that samples in process; a server loads `path`.
-        weights = WeightUpdate.published(version, path, functools.partial(load_policy, config, path))
+        weights = WeightUpdate.published(version, path, functools.partial(load_policy, config, path, mesh))
         if engine is None:
             engine = make_engine(config.rollout, weights)
         else:

@@ -86,7 +86,13 @@ def _setup(command: str, args: types.SimpleNamespace):
         workdir = rundir.run_path(args.workdir or f"runs/{config.name}")
     except (ValueError, ImportError) as e:
         flagparse.usage_error(prog, f"--workdir: {e}")
-    return config, workdir, Progress(job_plan(config, command), enabled=not args.quiet)
+    if distributed.is_multiprocess() and config.rollout.engine == "jax" and config.sim.shopper.backend == "openai":
+        # Every process plays the embedded sampler's episodes; each would ask the LLM shopper itself
+        # and see other replies, so the processes would feed the global programs different inputs.
+        raise SystemExit(f"{prog}: on several processes the LLM shopper (sim.shopper.backend=openai) needs "
+                         "rollout.engine=sglang (process 0 plays the episodes); or set sim.shopper.backend=rule")
+    # One display: the other processes run the same stages in lockstep.
+    return config, workdir, Progress(job_plan(config, command), enabled=not args.quiet and distributed.is_main_process())
 
 
 def _train(config, workdir, progress):

@@ -40,9 +40,10 @@ A killed run leaves each record complete or absent, and each directory committed
 commit file. `reached` marks the named points where a kill must be survivable (a test hook).
 
 Several processes (a pod slice) share one workdir: process 0 alone writes, and every write here
-(records, `JsonlLog` rows, published directories, removals) is bracketed by barriers named after
-its path, so every process reads the directory in the same state at the same point of the run and
-a process that strays from the others' order fails at once (`distributed`). Code outside this
+(records, `JsonlLog` rows, published directories, removals) sits between a barrier named after its
+path and an exchange of whether it failed, so every process reads the directory in the same state
+at the same point of the run, a failed write raises on every process, and a process that strays to
+another write fails at once (`distributed`). Code outside this
 module writes the run directory only through it, except orbax (checkpoints, its own multi-process
 protocol) and TensorBoard's event files (process 0 alone, `metrics.py`).
 """
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import fnmatch
 import importlib.util
@@ -333,17 +335,36 @@ def is_writer() -> bool:
     return distributed.is_main_process()
 
 
+# Set while a bracketed write runs: writes nested in it (the files of a directory `publish_dir`'s
+# callback writes on process 0 alone) are part of the one write, not writes of their own.
+_WRITING = contextvars.ContextVar("intraskill_rundir_writing", default=False)
+
+
 @contextlib.contextmanager
 def _one_writer(what: str, path: PathLike) -> Iterator[bool]:
-    """Brackets a write of `path`: yields whether this process writes (process 0, or the only one)."""
-    if not _multiprocess():
+    """Brackets a write of `path`: yields whether this process writes (process 0, or the only one).
+    On several processes the write sits between a barrier named after it and an exchange of
+    whether it failed, so a failure on process 0 raises on every process instead of leaving the
+    others waiting."""
+    if not _multiprocess() or _WRITING.get():
         yield True
         return
     from intraskill_jax import distributed
 
     distributed.sync(f"rundir {what} {path}: before")
-    yield is_writer()
-    distributed.sync(f"rundir {what} {path}: after")
+    failure = None
+    token = _WRITING.set(True)
+    try:
+        yield is_writer()
+    except Exception as e:  # raised below, once every process knows
+        failure = e
+    finally:
+        _WRITING.reset(token)
+    failed = distributed.all_processes(failure is not None)
+    if failure is not None:
+        raise failure
+    if any(failed):
+        raise OSError(f"process {failed.index(True)} failed to {what} {path} (its log has the error)")
 
 
 # -- writing and reading -----------------------------------------------------------------------------
@@ -478,6 +499,14 @@ def list_files(root: PathLike) -> list[str]:
     return sorted(out)
 
 
+def remove_file(path: PathLike) -> None:
+    """Deletes one file of the run, if it exists."""
+    path = run_path(path)
+    with _one_writer("remove", path) as writes:
+        if writes and path.exists():
+            path.unlink()
+
+
 def remove_tree(path: PathLike) -> None:
     """Deletes a directory and everything under it, if it exists."""
     path = run_path(path)
@@ -502,8 +531,8 @@ def publish_dir(out: PathLike, write: Callable[[Path], Any], *, commit_file: str
     made one (the bundle's manifest is its commit file). Locally `tmp` is `<out>.tmp`, renamed into
     place (an old `out` is moved aside first and deleted after); on an object store `tmp` is a local
     temporary directory whose files are uploaded over a cleared `out`, `commit_file` last. Until
-    `write` returns, an old `out` is untouched. On several processes only process 0 calls `write`.
-    Returns `out`.
+    `write` returns, an old `out` is untouched. On several processes only process 0 calls `write`,
+    so it must run no collective; its own rundir writes are part of this one. Returns `out`.
     """
     out = run_path(out)
     with _one_writer("publish", out) as writes:

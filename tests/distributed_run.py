@@ -67,7 +67,10 @@ def main(workdir: str, writes_path: str) -> None:
     os.makedirs(workdir, exist_ok=True)
     writes = record_writes(workdir)
     config = runconfig.with_overrides(runconfig.load_file(SMOKE), OVERRIDES)
-    run = Coevolution.start(config, workdir, progress=False, mesh=make_mesh(config.mesh))
+    # Several processes take the run's own mesh (policy.default_mesh); one CPU process would take
+    # none, so the reference is given the same mesh over its 8 devices.
+    mesh = None if distributed.is_multiprocess() else make_mesh(config.mesh)
+    run = Coevolution.start(config, workdir, progress=False, mesh=mesh)
     try:
         run.run()
     finally:

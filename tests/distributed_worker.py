@@ -96,6 +96,54 @@ def host_side_episode(me: int) -> str:
     return json.dumps(tok.decode(sampled, skip_special_tokens=True).strip())
 
 
+def host_side_failures(me: int, shared: Path) -> dict[str, np.ndarray]:
+    """What process 0's failures and host-side calls look like on both processes."""
+    import httpx
+
+    from intraskill_jax.rollout.base import WeightUpdate
+    from intraskill_jax.rollout.sglang import SGLangEngine
+
+    out: dict[str, np.ndarray] = {}
+    # process 0's exception reaches everyone, as an error (no process waits for a result).
+    def fail() -> None:
+        raise KeyError(f"raised on process {me}")
+
+    try:
+        distributed.from_main(fail)
+        out["from_main_error"] = np.array("none")
+    except Exception as e:  # process 0 re-raises its own; the others get a RuntimeError naming it
+        out["from_main_error"] = np.array(f"{type(e).__name__}: {e}")
+    # A collective inside process 0's function is refused, not a deadlock.
+    out["nested_collective"] = np.array(repr(distributed.from_main(
+        lambda: _refused(lambda: distributed.sync("inside")))))
+    # A large payload crosses in pieces.
+    big = distributed.from_main(lambda: bytes(range(256)) * (distributed.BROADCAST_PIECE // 256 + 3))
+    out["big_ok"] = np.array(big == bytes(range(256)) * (distributed.BROADCAST_PIECE // 256 + 3))
+    # The rollout server hears from process 0 alone; the export is everyone's.
+    posts: list[str] = []
+    client = httpx.Client(transport=httpx.MockTransport(lambda r: posts.append(r.url.path) or httpx.Response(200, json={})))
+    engine = SGLangEngine("http://server", client=client)
+    engine.update_weights(WeightUpdate(version=3, load_model=lambda: None, publish=lambda: shared / "weights"))
+    out["posts"] = np.array(",".join(posts))
+    out["weight_version"] = np.array(engine.weight_version)
+    # A directory published by process 0 whose callback writes through rundir (as the bundle's does),
+    # and a removal: one write each, no barrier of their own.
+    rundir.publish_dir(shared / "bundle", lambda tmp: rundir.write_text(tmp / "a.txt", f"from {me}"))
+    rundir.write_text(shared / "stale.txt", "x")
+    rundir.remove_file(shared / "stale.txt")
+    out["published"] = np.array((shared / "bundle" / "a.txt").read_text())
+    out["removed"] = np.array(not (shared / "stale.txt").exists())
+    return out
+
+
+def _refused(fn: Any) -> str:
+    try:
+        fn()
+    except RuntimeError as e:
+        return str(e)
+    return "ran"
+
+
 def flat(tree: Any, prefix: str) -> dict[str, np.ndarray]:
     """Path-keyed host arrays, for np.savez and for comparing trees leaf by leaf."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -129,6 +177,7 @@ def main(out_path: str, shared_dir: str) -> None:
     record = Path(shared_dir) / "record.json"
     rundir.write_json(record, {"written_by": me})
     assert json.loads(record.read_text()) == {"written_by": 0}  # whole, and process 0's, on both
+    out.update(host_side_failures(me, Path(shared_dir)))
     distributed.sync("gathered")
     np.savez(out_path, **out)
     distributed.sync("written")

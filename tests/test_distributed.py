@@ -107,8 +107,9 @@ def _worker_env(process_id: int | None, port: int, devices: int = 4) -> dict[str
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
     if process_id is not None:
+        # Different string hashes per process: a decision that followed set order would diverge.
         env.update(INTRASKILL_NUM_PROCESSES="2", INTRASKILL_PROCESS_ID=str(process_id),
-                   INTRASKILL_COORDINATOR=f"127.0.0.1:{port}")
+                   INTRASKILL_COORDINATOR=f"127.0.0.1:{port}", PYTHONHASHSEED=str(process_id + 1))
     return env
 
 
@@ -173,6 +174,7 @@ def test_two_process_grpo_step_matches_one_device(tmp_path):
         assert int(got.pop("cross_process_leaves")) > 0  # the update really spanned both processes
         # Episodes from a host-side engine are process 0's on both (its script names its process).
         assert str(got.pop("episodes")) == json.dumps(worker.SCRIPTED_REPLY.format(process=0))
+        got = {k: v for k, v in got.items() if k.startswith(("initial", "params", "metrics"))}
         assert got.keys() == reference.keys()
         for key, want in reference.items():
             if key.startswith("initial"):  # the same seed builds the same weights on any mesh
@@ -187,6 +189,18 @@ def test_two_process_grpo_step_matches_one_device(tmp_path):
     assert moved > 1e-4
     # One rundir write, by process 0 alone, seen whole by both before either went on.
     assert json.loads((tmp_path / "shared" / "record.json").read_text()) == {"written_by": 0}
+    for i, path in enumerate(outs):
+        got = dict(np.load(path))
+        # Process 0's failure raised on both: its own error there, a RuntimeError naming it here.
+        assert str(got["from_main_error"]) == ("KeyError: 'raised on process 0'" if i == 0 else
+                                               "RuntimeError: process 0 failed: KeyError('raised on process 0')")
+        assert "inside a from_main function" in str(got["nested_collective"])
+        assert bool(got["big_ok"])
+        # Process 0 alone told the server (pause, flush, load, continue); both know the version.
+        assert str(got["posts"]) == ("/pause_generation,/flush_cache,/update_weights_from_disk,/continue_generation"
+                                     if i == 0 else "")
+        assert int(got["weight_version"]) == 3
+        assert str(got["published"]) == "from 0" and bool(got["removed"])
 
 
 CHECKPOINTS = ("checkpoints/", "sft/checkpoints/")  # orbax's, the run's and the warm start's

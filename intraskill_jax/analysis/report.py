@@ -67,8 +67,8 @@ def build_report(
         bar.update(doing=stages[3])
         plot_dir = out_dir / "plots"
         if plot_dir.is_dir():  # a plot that no longer has data must not survive from a rebuild
-            for old in [*plot_dir.glob("*.svg"), *plot_dir.glob("*.png")]:
-                old.unlink()
+            for old in sorted([*plot_dir.glob("*.svg"), *plot_dir.glob("*.png")]):
+                rundir.remove_file(old)
         figures = load_bundle(bundle_dir, verify=False).figures
         written = plots_mod.write_plots(figures, plot_dir)
         bar.update(doing=stages[4])

@@ -129,8 +129,7 @@ class SGLangEngine:
         """Has the server load `weights.hf_dir()` (exported on this call if it is not on disk yet).
         The export is a collective on several processes; the server hears from process 0 alone."""
         path = weights.hf_dir()
-        if distributed.is_main_process():
-            self.sync_weights(str(path), weights.version)
+        distributed.from_main(lambda: self.sync_weights(str(path), weights.version))
         self.weight_version = weights.version
 
     def sync_weights(self, model_path: str, weight_version: int) -> None:

@@ -300,9 +300,9 @@ class SkillBank:
             )
         keep = {f"{c.id}.md" for c in self.chunks}
         if (skill_dir / "chunks").is_dir():
-            for p in (skill_dir / "chunks").glob("*.md"):
+            for p in sorted((skill_dir / "chunks").glob("*.md")):  # sorted: every process in one order
                 if p.name not in keep:
-                    p.unlink()
+                    rundir.remove_file(p)
         for c in self.chunks:
             rundir.write_text(skill_dir / "chunks" / f"{c.id}.md", _chunk_markdown(c))
         rundir.write_text(skill_dir / "SKILL.md", self._skill_markdown())
