@@ -49,8 +49,7 @@ import dataclasses
 import logging
 import os
 import pickle
-from collections.abc import Callable
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import jax
