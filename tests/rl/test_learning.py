@@ -31,7 +31,7 @@ AGENT = AgentConfig(tool_format="xml", max_turns=1, max_context_tokens=512, max_
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=32)
 TRAIN_TASKS = list(range(1000))
 HELD_OUT = list(range(1000, 1128))
-STEPS = 30
+STEPS = 40
 DEMO_ACCURACY = 0.75
 
 
