@@ -206,12 +206,12 @@ def gather_to_host(tree: Any) -> Any:
     Sharded arrays are gathered one leaf at a time, so the extra device memory is one replicated
     tensor rather than a replicated model.
     """
-    cross = _collective("gather_to_host")
+    _collective("gather_to_host")  # a collective on several processes: refused inside from_main
 
     def one(x: Any) -> Any:
         if not isinstance(x, jax.Array):
             return x
-        if x.is_fully_addressable or not cross:
+        if x.is_fully_addressable:
             return np.asarray(jax.device_get(x))
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 

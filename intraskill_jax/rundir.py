@@ -499,20 +499,14 @@ def list_files(root: PathLike) -> list[str]:
     return sorted(out)
 
 
-def remove_file(path: PathLike) -> None:
-    """Deletes one file of the run, if it exists."""
+def remove(path: PathLike) -> None:
+    """Deletes a file or a directory tree of the run, if it exists."""
     path = run_path(path)
     with _one_writer("remove", path) as writes:
-        if writes and path.exists():
-            path.unlink()
-
-
-def remove_tree(path: PathLike) -> None:
-    """Deletes a directory and everything under it, if it exists."""
-    path = run_path(path)
-    with _one_writer("remove", path) as writes:
-        if writes and path.exists():
+        if writes and path.is_dir():
             path.rmtree()
+        elif writes and path.exists():
+            path.unlink()
 
 
 def _copy_file(src: PathLike, dst: PathLike) -> None:

@@ -130,7 +130,7 @@ def host_side_failures(me: int, shared: Path) -> dict[str, np.ndarray]:
     # and a removal: one write each, no barrier of their own.
     rundir.publish_dir(shared / "bundle", lambda tmp: rundir.write_text(tmp / "a.txt", f"from {me}"))
     rundir.write_text(shared / "stale.txt", "x")
-    rundir.remove_file(shared / "stale.txt")
+    rundir.remove(shared / "stale.txt")
     out["published"] = np.array((shared / "bundle" / "a.txt").read_text())
     out["removed"] = np.array(not (shared / "stale.txt").exists())
     return out

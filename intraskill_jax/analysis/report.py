@@ -68,7 +68,7 @@ def build_report(
         plot_dir = out_dir / "plots"
         if plot_dir.is_dir():  # a plot that no longer has data must not survive from a rebuild
             for old in sorted([*plot_dir.glob("*.svg"), *plot_dir.glob("*.png")]):
-                rundir.remove_file(old)
+                rundir.remove(old)
         figures = load_bundle(bundle_dir, verify=False).figures
         written = plots_mod.write_plots(figures, plot_dir)
         bar.update(doing=stages[4])

@@ -302,7 +302,7 @@ class SkillBank:
         if (skill_dir / "chunks").is_dir():
             for p in sorted((skill_dir / "chunks").glob("*.md")):  # sorted: every process in one order
                 if p.name not in keep:
-                    rundir.remove_file(p)
+                    rundir.remove(p)
         for c in self.chunks:
             rundir.write_text(skill_dir / "chunks" / f"{c.id}.md", _chunk_markdown(c))
         rundir.write_text(skill_dir / "SKILL.md", self._skill_markdown())
