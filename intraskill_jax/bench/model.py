@@ -5,11 +5,15 @@
     python -m intraskill_jax.bench.model --json --size 4b           # Qwen3.5-4B shapes, bf16 (accelerator)
 
 Both sides get the same architecture, batch and token ids (random weights each). Measured:
-  * training: forward + backward of the mean next-token NLL (ours: the chunked token-logprob path
+  * train: forward + backward of the mean next-token NLL (ours: the chunked token-logprob path
     the GRPO loss uses; transformers: `labels=` loss), tokens/s = batch x seq / step time;
-  * decode: greedy generation with a cache, prefill included, tokens/s = batch x new tokens / time
-    (ours: prefill + `lax.scan` over decode steps in one jit; transformers: a manual loop over
-    `past_key_values`, which avoids `generate`'s per-step overhead and so is the stronger peer).
+  * prefill: a batch of prompts into an empty cache, logits of the last position only (ours: the
+    sampler's jitted `prefill`; transformers: `logits_to_keep=1`), tokens/s = batch x prompt / time;
+  * decode: greedy steps from that pre-filled cache (its prefill runs first, untimed), tokens/s =
+    batch x new tokens / time (ours: the sampler's jitted `decode` loop, with its sampling, log-probs
+    and stop checks; transformers: a manual loop over `past_key_values`, which avoids `generate`'s
+    per-step overhead and so is the stronger peer);
+  * generate: prefill and decode together, tokens/s = batch x new tokens / time.
 Ours runs once per kernel set (`--kernels`): `default` (DeltaNet chunks of 64, one fused
 attention: the GPU/TPU shapes) and `cpu` (chunks of 16, causal attention in query blocks of 128:
 what the CPU quickstart uses). Everything is warmed up first (compilation excluded), then timed in
@@ -99,50 +103,61 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-# --------------------------------------------------------------------------- ours
-def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray,
-          prompt: np.ndarray) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(train step, generation) with their inputs bound, compiled and warmed up."""
+# A side is one callable per task; each returns the wall and CPU seconds of its timed part only
+# (decode is timed from a pre-filled cache: its prefill runs first, untimed).
+Task = Callable[[], tuple[float, float]]
+TASKS = ("train", "prefill", "decode", "generate")
+
+
+def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray) -> dict[str, Task]:
+    """The sampler's own jitted `prefill` and `decode` (rollout/jax_sampler.py: last-position logits, the
+    sampling and stop checks of every step), greedy, and the trainer's token-logprob loss; warmed up."""
+    from intraskill_jax.rollout import jax_sampler
+
     model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, state = nnx.split(model)
+    g_train, p_train, r_train = nnx.split(model, nnx.Param, ...)
 
     def nll(params: Any, ids: jax.Array) -> jax.Array:
-        m = nnx.merge(graphdef, params, rest)
+        m = nnx.merge(g_train, params, r_train)
         hidden, _ = m.hidden_states(ids[:, :-1])
         lp = logprobs_from_hidden(hidden, m.output_embedding(), ids[:, 1:], chunk_size=config.logits_chunk_size,
                                   compute_dtype=config.compute_dtype)
         return -jnp.mean(lp)
 
     train_step = jax.jit(jax.value_and_grad(nll))
-    ids = jnp.asarray(train_ids)
+    ids, prompt_ids = jnp.asarray(train_ids), jnp.asarray(prompt)
+    mask = jnp.ones_like(prompt_ids, bool)
+    b, p = prompt.shape
+    active, key, stop = jnp.ones((b,), bool), jax.random.key(0), jnp.asarray([-1], jnp.int32)
 
-    @jax.jit
-    def generate(params: Any, prompt: jax.Array) -> jax.Array:
-        m = nnx.merge(graphdef, params, rest)
-        b, p = prompt.shape
+    def prefill() -> tuple[jax.Array, Any]:
         cache = init_cache(config, b, p + shape.new_tokens)
-        logits, cache = m(prompt, jnp.ones_like(prompt), cache=cache)
-        first = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)
+        return jax_sampler.prefill(graphdef, state, cache, prompt_ids, mask)
 
-        def step(carry, _):
-            token, cache = carry
-            logits, cache = m(token[:, None], jnp.ones_like(token[:, None]), cache=cache)
-            nxt = jnp.argmax(logits[:, -1], axis=-1).astype(token.dtype)
-            return (nxt, cache), nxt
+    def decode(logits: jax.Array, cache: Any) -> jax.Array:
+        tokens, *_ = jax_sampler.decode(graphdef, state, cache, logits, key, active, jnp.float32(0.0),
+                                        jnp.float32(1.0), stop, jnp.int32(shape.new_tokens),
+                                        steps=shape.new_tokens, top_k=0)
+        return tokens
 
-        _, rest_tokens = jax.lax.scan(step, (first, cache), None, length=shape.new_tokens - 1)
-        return jnp.concatenate([first[:, None], rest_tokens.T], axis=1)
+    def timed_decode() -> tuple[float, float]:
+        logits, cache = jax.block_until_ready(prefill())
+        return _timed(lambda: jax.block_until_ready(decode(logits, cache)))
 
-    prompt_ids = jnp.asarray(prompt)
-    train = lambda: jax.block_until_ready(train_step(params, ids))  # noqa: E731
-    decode = lambda: jax.block_until_ready(generate(params, prompt_ids))  # noqa: E731
-    train(), decode()
-    return train, decode
+    tasks: dict[str, Task] = {
+        "train": lambda: _timed(lambda: jax.block_until_ready(train_step(p_train, ids))),
+        "prefill": lambda: _timed(lambda: jax.block_until_ready(prefill())),
+        "decode": timed_decode,
+        "generate": lambda: _timed(lambda: jax.block_until_ready(decode(*prefill()))),
+    }
+    for task in tasks.values():
+        task()
+    return tasks
 
 
 # --------------------------------------------------------------------------- transformers
-def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray,
-               prompt: np.ndarray) -> tuple[Callable[[], Any], Callable[[], Any]]:
+def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray) -> dict[str, Task]:
     import torch
     from transformers import Qwen3_5ForCausalLM as HFModel
     from transformers import Qwen3_5TextConfig
@@ -164,17 +179,34 @@ def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray,
         sync()
 
     @torch.inference_mode()
-    def decode() -> None:
+    def prefill() -> Any:
         model.eval()
-        out = model(input_ids=prompt_t, use_cache=True)
+        out = model(input_ids=prompt_t, use_cache=True, logits_to_keep=1)  # the last position only, as ours
+        sync()
+        return out
+
+    # A manual loop over past_key_values: it avoids `generate`'s per-step overhead, so it is the stronger peer.
+    @torch.inference_mode()
+    def decode(out: Any) -> None:
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         for _ in range(shape.new_tokens - 1):
             out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
         sync()
 
-    train(), decode()
-    return train, decode
+    def timed_decode() -> tuple[float, float]:
+        out = prefill()
+        return _timed(lambda: decode(out))
+
+    tasks: dict[str, Task] = {
+        "train": lambda: _timed(train),
+        "prefill": lambda: _timed(prefill),
+        "decode": timed_decode,
+        "generate": lambda: _timed(lambda: decode(prefill())),
+    }
+    for task in tasks.values():
+        task()
+    return tasks
 
 
 # --------------------------------------------------------------------------- report
@@ -192,7 +224,7 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
     rng = np.random.default_rng(0)
     train_ids = rng.integers(0, config.vocab_size, (shape.batch, shape.seq + 1), dtype=np.int64)
     prompt = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.prompt), dtype=np.int64)
-    sides: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {}
+    sides: dict[str, dict[str, Task]] = {}
     for name in kernels:
         chunk, block = KERNELS[name]
         kernel_config = dataclasses.replace(config, gdn_chunk_size=chunk, attention_block_size=block)
@@ -201,13 +233,15 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
     if not skip_reference:
         sides["transformers"] = _reference(config, shape, train_ids[:, :-1], prompt)
     load_before = os.getloadavg()
-    times: dict[str, dict[str, list[tuple[float, float]]]] = {n: {"train": [], "decode": []} for n in sides}
+    times: dict[str, dict[str, list[tuple[float, float]]]] = {n: {t: [] for t in TASKS} for n in sides}
     for _ in range(rounds):
-        for name, (train, decode) in sides.items():
-            times[name]["train"].append(_timed(train))
-            times[name]["decode"].append(_timed(decode))
+        for name, tasks in sides.items():
+            for task, fn in tasks.items():
+                times[name][task].append(fn())
     load_after = os.getloadavg()
-    work = {"train": shape.batch * shape.seq, "decode": shape.decode_batch * shape.new_tokens}
+    generated = shape.decode_batch * shape.new_tokens
+    work = {"train": shape.batch * shape.seq, "prefill": shape.decode_batch * shape.prompt, "decode": generated,
+            "generate": generated}
     result: dict[str, Any] = {
         "device": f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind} x{jax.device_count()}",
         "config": {

@@ -1,0 +1,29 @@
+"""The model benchmark runs end to end on a micro config and reports what it timed (the figures
+themselves come from the bench command on a quiet machine)."""
+
+import pytest
+
+from intraskill_jax.bench import model as bench
+from intraskill_jax.models import ModelConfig
+
+
+def test_every_task_is_timed_on_both_sides(monkeypatch: pytest.MonkeyPatch):
+    shape = bench.BenchShape(batch=2, seq=32, decode_batch=2, prompt=8, new_tokens=4)
+    micro = lambda: ModelConfig.tiny_qwen3_5(  # noqa: E731
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        layer_types=("linear_attention", "full_attention"), num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, tie_word_embeddings=True)
+    monkeypatch.setitem(bench.SIZES, "micro", (micro, shape))
+    result = bench.run("micro", kernels=("cpu",), rounds=2)
+    work = {"train": 2 * 32, "prefill": 2 * 8, "decode": 2 * 4, "generate": 2 * 4}
+    for task, tokens in work.items():
+        for side in ("cpu", "transformers"):
+            rounds = result[f"{task}_seconds_all_{side}"]
+            assert len(rounds) == 2 and all(r > 0 for r in rounds)
+            # each side's best round sets its figure (rounds are listed to 0.1 ms)
+            assert tokens / result[f"{task}_tokens_per_s_{side}"] == pytest.approx(min(rounds), abs=1e-4)
+            assert result[f"{task}_cpu_seconds_{side}"] > 0
+        assert result[f"{task}_speedup_cpu"] == pytest.approx(
+            result[f"{task}_tokens_per_s_cpu"] / result[f"{task}_tokens_per_s_transformers"])
+    assert len(result["config"]["load_average_before"]) == 3
