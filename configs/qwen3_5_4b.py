@@ -25,6 +25,9 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.policy.path = "/path/to/Qwen3.5-4B"  # an HF checkpoint directory; override on the command line
     c.policy.dtype = "auto"  # bfloat16 on TPU/GPU
     c.policy.remat = "full"
+    # The trainer's programs scan the layers (one period compiled, not 32 layers): on a v5p-8 the
+    # GRPO update compiles in ~5 minutes instead of ~17 and fits (42.9 GiB per chip, unrolled 99.7).
+    c.policy.scan_layers = True
     c.sim.catalog.num_products = 100_000
     c.sim.splits.num_test = 400
     c.sim.splits.num_validation = 200

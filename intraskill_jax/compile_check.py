@@ -147,7 +147,8 @@ def model_config(config: runconfig.RunConfig) -> tuple[ModelConfig, str]:
     dtype is bfloat16, what a TPU run uses."""
     p = config.policy
     overrides = {"dtype": "bfloat16" if p.dtype == "auto" else p.dtype, "remat": p.remat,
-                 "gdn_chunk_size": p.gdn_chunk_size, "attention_block_size": p.attention_block_size}
+                 "scan_layers": p.scan_layers, "gdn_chunk_size": p.gdn_chunk_size,
+                 "attention_block_size": p.attention_block_size}
     overrides["param_dtype"] = overrides["dtype"]
     if not p.path:
         init = {**p.init, "vocab_size": p.tokenizer_vocab_size}

@@ -118,8 +118,8 @@ def load_policy(config: RunConfig, path: rundir.PathLike, mesh: Any = None) -> A
     dtype = None if config.policy.dtype == "auto" else config.policy.dtype
     p = config.policy
     with rundir.local_dir(path) as local:
-        return load_pretrained(local, mesh=mesh, dtype=dtype, remat=p.remat, gdn_chunk_size=p.gdn_chunk_size,
-                               attention_block_size=p.attention_block_size)
+        return load_pretrained(local, mesh=mesh, dtype=dtype, remat=p.remat, scan_layers=p.scan_layers,
+                               gdn_chunk_size=p.gdn_chunk_size, attention_block_size=p.attention_block_size)
 
 
 def load_tokenizer(path: rundir.PathLike, agent: AgentConfig) -> Any:

@@ -61,6 +61,9 @@ class PolicyConfig:
         checkpoint from `path` always brings its own template.
       dtype: compute dtype; 'auto' is float32 on CPU and bfloat16 on GPU/TPU.
       remat: activation checkpointing of the decoder layers ('none', 'full').
+      scan_layers: run the layers as one `lax.scan` over repeats of the layer pattern in the
+        trainer's programs (`ModelConfig.scan_layers`): compiles one period instead of every
+        layer; the parameters and checkpoints are the same either way.
       gdn_chunk_size, attention_block_size: kernel shapes (`ModelConfig`); 64 and 0 suit GPU/TPU,
         a CPU run is ~2x faster with 16 and 128.
     """
@@ -71,6 +74,7 @@ class PolicyConfig:
     chat_template: Literal["full", "compact"] = "full"
     dtype: str = "auto"
     remat: str = "none"
+    scan_layers: bool = False
     gdn_chunk_size: int = 64
     attention_block_size: int = 0
 

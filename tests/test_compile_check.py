@@ -83,6 +83,21 @@ def test_parameter_bytes_per_chip_follow_the_sharding_rules():
 
 
 @needs_libtpu
+def test_scanned_layers_compile_for_the_slice_with_the_unrolled_arguments():
+    # Two repeats of a two-layer period: the update takes the parameters and optimizer state in the
+    # layout it takes unrolled (stacking happens inside the program) and compiles on the 4 chips.
+    layers = {**TINY["policy.init"], "num_hidden_layers": 4,
+              "layer_types": ("linear_attention", "full_attention") * 2}
+    topology = compile_check.parse_topology("v5p:2x2x1")
+    steps = [compile_check.check(tiny_config(**{"policy.init": layers, "policy.scan_layers": scan}), topology,
+                                 programs=("train_step",)).programs[0] for scan in (False, True)]
+    unrolled, scanned = steps
+    assert compile_check.model_config(tiny_config(**{"policy.scan_layers": True}))[0].scan_layers
+    assert scanned.fits and scanned.error is None and scanned.arguments == unrolled.arguments
+    assert scanned.flops == pytest.approx(unrolled.flops, rel=0.01)
+
+
+@needs_libtpu
 def test_a_setting_too_large_for_the_chip_exits_nonzero_naming_the_knobs(caplog):
     # The quickstart's one attention layer with 512 rows x 128K slots: 2 x 512 x 2 heads x 131072 x
     # 32 dims of bfloat16 keys and values is 16 GiB, on every chip (the cache starts replicated).
@@ -148,5 +163,6 @@ def test_matmul_flops_run_scans_to_their_length_and_while_loops_their_trips():
 def test_model_config_falls_back_to_the_published_architecture_for_a_placeholder_path():
     config = runconfig.load_file("configs/qwen3_4b.py")
     model_config, source = compile_check.model_config(config)
-    assert model_config == ModelConfig.qwen3_4b(dtype="bfloat16", param_dtype="bfloat16", remat="full")
+    assert model_config == ModelConfig.qwen3_4b(dtype="bfloat16", param_dtype="bfloat16", remat="full",
+                                                scan_layers=True)
     assert "qwen3_4b" in source and config.policy.path in source

@@ -63,7 +63,12 @@ class ModelConfig:
       dtype: compute dtype (activations and matmul inputs).
       param_dtype: storage dtype of parameters.
       remat: per-decoder-layer rematerialization: 'none', 'full' (save only layer inputs) or
-        'dots_saveable' (keep matmul outputs, recompute elementwise work).
+        'dots_saveable' (keep matmul outputs, recompute elementwise work); scanned layers too.
+      scan_layers: without a decode cache (training, log-prob passes) run the layers as one
+        `lax.scan` over repeats of the layer pattern's period (`layer_period`), so a jitted
+        program traces and compiles one period instead of every layer; the parameters stay one
+        module per layer. The sampler's cached path stays unrolled. Needs a pattern whose period
+        divides num_hidden_layers.
       gdn_chunk_size: chunk length of the chunked Gated DeltaNet kernel (prefill / training).
       logits_chunk_size: sequence chunk used by `token_logprobs` to avoid full-vocab logits.
       attention_block_size: 0 (default) computes whole-sequence attention with
@@ -97,6 +102,7 @@ class ModelConfig:
     dtype: DType = dataclasses.field(default_factory=default_dtype)
     param_dtype: DType = dataclasses.field(default_factory=default_dtype)
     remat: RematPolicy = "none"
+    scan_layers: bool = False
     gdn_chunk_size: int = 64
     logits_chunk_size: int = 512
     attention_block_size: int = 0
@@ -174,11 +180,25 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.attention_block_size must be an int >= 0; got {self.attention_block_size!r}.")
         if self.remat not in _REMAT:
             raise ValueError(f"remat must be one of {_REMAT}; got {self.remat!r}.")
+        if self.scan_layers and self.num_hidden_layers % self.layer_period:
+            raise ValueError(
+                f"scan_layers needs a layer pattern that repeats with a period dividing "
+                f"num_hidden_layers ({self.num_hidden_layers}); layer_types {list(self.layer_types)} "
+                f"repeats every {self.layer_period} layers. Set scan_layers=False "
+                "(policy.scan_layers=False in a run config) or give whole repeats of the pattern."
+            )
 
     # ----------------------------------------------------------------- derived values
     @property
     def has_linear_attention(self) -> bool:
         return "linear_attention" in self.layer_types
+
+    @property
+    def layer_period(self) -> int:
+        """The smallest p with layer_types[i] == layer_types[i + p] for every layer (Qwen3.5: 4,
+        attention-only: 1); the stack is whole repeats of it when p divides num_hidden_layers."""
+        types, n = self.layer_types, len(self.layer_types)
+        return next(p for p in range(1, n + 1) if types[p:] == types[: n - p])
 
     @property
     def architecture(self) -> Architecture:

@@ -191,6 +191,23 @@ def test_logprob_fn_scores_a_remat_model_as_the_plain_one(setup):
     np.testing.assert_allclose(np.asarray(got), setup["current"], rtol=1e-5, atol=1e-6)
 
 
+def test_scanned_layers_give_the_same_sharded_update_and_logprobs(setup):
+    # The study's configs scan their layers (policy.scan_layers) under remat, micro-batched on a
+    # mesh: the parameters keep their layout and the update and the log-prob pass their values.
+    config = CONFIG.replace(scan_layers=True, remat="full")
+    mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2))
+    graphdef, state = ts.init_train_state(_model(config, mesh=mesh), setup["tx"], mesh=mesh)
+    layout = jax.tree.map(lambda x: x.sharding, state)
+    got = ts.LogprobFn(graphdef, temperature=TEMPERATURE, micro_batch_size=4, mesh=mesh)(state.params, setup["collated"])
+    np.testing.assert_allclose(np.asarray(got), setup["current"], rtol=1e-5, atol=1e-6)
+    optim = dataclasses.replace(OPTIM, micro_batch_size=4)
+    step = ts.grpo_step(graphdef, setup["tx"], optim, LOSS, temperature=TEMPERATURE, mesh=mesh)
+    state, metrics = step(state, setup["batch"])
+    assert jax.tree.map(lambda x: x.sharding, state) == layout
+    assert _max_diff(state.params, setup["new_state"].params) < 1e-6
+    np.testing.assert_allclose(metrics["loss"], setup["metrics"]["loss"], rtol=1e-5)
+
+
 def test_logprob_fn_matches_the_model_and_the_step(setup):
     graphdef, state, collated = setup["graphdef"], setup["state"], setup["collated"]
     model = nnx.merge(graphdef, state.params)

@@ -82,6 +82,19 @@ def test_a_model_with_remat_samples_as_the_model_without(model):
         assert c.token_ids == greedy_reference(model, p, 12)
 
 
+def test_a_model_with_scan_layers_samples_as_the_model_without(model):
+    # The study's configs scan their layers (policy.scan_layers=True) for training only; the
+    # sampler's cached prefill and decode run them unrolled.
+    cfg = model.config.replace(scan_layers=True, remat="full")
+    scanned = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
+    nnx.update(scanned, nnx.state(model, nnx.Param))
+    ps = prompts(5, 2)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
+    got = JaxSampler(scanned, small()).generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
+    for p, c in zip(ps, got, strict=True):
+        assert c.token_ids == greedy_reference(model, p, 12)
+
+
 def test_logprobs_equal_what_the_trainer_recomputes(model):
     sampler = JaxSampler(model, small(seed=3))
     ps = prompts(1, 2)
