@@ -29,7 +29,9 @@ from tests import distributed_worker as worker
 from tests.http_util import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER_DEADLINE_S = 480
+# The deadline catches a hang (a lone survivor waiting at a barrier), not slowness: the three-process
+# run takes ~7 min beside the suite's other worker and passed 480 s once the cores were shared more.
+WORKER_DEADLINE_S = 900
 
 
 # -- which environments ask for several processes -------------------------------------------------
