@@ -146,9 +146,7 @@ def model_config(config: runconfig.RunConfig) -> tuple[ModelConfig, str]:
     study's configs), or the fresh tiny model when policy.path is empty. Numerics follow `policy`; 'auto'
     dtype is bfloat16, what a TPU run uses."""
     p = config.policy
-    overrides = {"dtype": "bfloat16" if p.dtype == "auto" else p.dtype, "remat": p.remat,
-                 "scan_layers": p.scan_layers, "gdn_chunk_size": p.gdn_chunk_size,
-                 "attention_block_size": p.attention_block_size}
+    overrides = {"dtype": "bfloat16" if p.dtype == "auto" else p.dtype, **p.model_overrides()}
     overrides["param_dtype"] = overrides["dtype"]
     if not p.path:
         init = {**p.init, "vocab_size": p.tokenizer_vocab_size}

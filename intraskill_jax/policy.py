@@ -116,10 +116,8 @@ def load_policy(config: RunConfig, path: rundir.PathLike, mesh: Any = None) -> A
     from intraskill_jax.models.params import load_pretrained
 
     dtype = None if config.policy.dtype == "auto" else config.policy.dtype
-    p = config.policy
     with rundir.local_dir(path) as local:
-        return load_pretrained(local, mesh=mesh, dtype=dtype, remat=p.remat, scan_layers=p.scan_layers,
-                               gdn_chunk_size=p.gdn_chunk_size, attention_block_size=p.attention_block_size)
+        return load_pretrained(local, mesh=mesh, dtype=dtype, **config.policy.model_overrides())
 
 
 def load_tokenizer(path: rundir.PathLike, agent: AgentConfig) -> Any:

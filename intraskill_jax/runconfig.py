@@ -64,8 +64,8 @@ class PolicyConfig:
       scan_layers: run the layers as one `lax.scan` over repeats of the layer pattern in the
         trainer's programs (`ModelConfig.scan_layers`): compiles one period instead of every
         layer; the parameters and checkpoints are the same either way.
-      gdn_chunk_size, attention_block_size: kernel shapes (`ModelConfig`); 64 and 0 suit GPU/TPU,
-        a CPU run is ~2x faster with 16 and 128.
+      gdn_chunk_size, attention_block_size, cache_block_size: kernel shapes (`ModelConfig`); 64, 0
+        and 0 suit GPU/TPU, a CPU run is ~2x faster with 16 and 128 (cache_block_size: README, Models).
     """
 
     path: str = ""
@@ -77,12 +77,18 @@ class PolicyConfig:
     scan_layers: bool = False
     gdn_chunk_size: int = 64
     attention_block_size: int = 0
+    cache_block_size: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"policy.dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         if self.chat_template not in ("full", "compact"):
             raise ConfigError(f"policy.chat_template must be 'full' or 'compact', got {self.chat_template!r}")
+
+    def model_overrides(self) -> dict[str, Any]:
+        """The `ModelConfig` fields this section sets on whatever checkpoint it loads (numerics aside)."""
+        return {"remat": self.remat, "scan_layers": self.scan_layers, "gdn_chunk_size": self.gdn_chunk_size,
+                "attention_block_size": self.attention_block_size, "cache_block_size": self.cache_block_size}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

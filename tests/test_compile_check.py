@@ -166,3 +166,11 @@ def test_model_config_falls_back_to_the_published_architecture_for_a_placeholder
     assert model_config == ModelConfig.qwen3_4b(dtype="bfloat16", param_dtype="bfloat16", remat="full",
                                                 scan_layers=True)
     assert "qwen3_4b" in source and config.policy.path in source
+
+
+def test_a_tensor_axis_that_splits_the_chip_grid_makes_a_mesh():
+    # fsdp=32 x tensor=2 on v6e-64 (8x8 chips): jax.make_mesh alone refuses to split a grid axis there.
+    devices = compile_check.parse_topology("v6e-64").devices()
+    mesh = sharding_lib.make_mesh(sharding_lib.MeshConfig(fsdp=-1, tensor=2), devices)
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 32, "tensor": 2}
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)

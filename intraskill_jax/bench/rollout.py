@@ -39,7 +39,7 @@ from sim.world import build_world
 
 from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
 from intraskill_jax.agent.trajectory import Trajectory, collate
-from intraskill_jax.bench.model import SIZES
+from intraskill_jax.bench.model import KERNELS, SIZES
 from intraskill_jax.models import get_family
 from intraskill_jax.models.params import save_pretrained
 from intraskill_jax.rl.grpo import LossConfig
@@ -118,7 +118,7 @@ def update_tokens_per_s(model: nnx.Module, trajs: Sequence[Trajectory], pad_id: 
             "update_batch": list(collated["tokens"].shape), "update_tokens": tokens}
 
 
-def _setup(episodes: int, turns: int, new_tokens: int, size: str):
+def _setup(episodes: int, turns: int, new_tokens: int, size: str, kernels: str):
     world = build_world(SimConfig(catalog=CatalogConfig(num_products=2400),
                                   splits=SplitConfig(num_test=100, num_validation=50)))
     texts = [world.catalog[i].title for i in range(0, len(world.catalog), 2)]
@@ -126,7 +126,9 @@ def _setup(episodes: int, turns: int, new_tokens: int, size: str):
     cfg = SIZES[size][0]()
     family = get_family(cfg.family)
     tok = train_tokenizer(texts, vocab_size=4096, tool_format=family.tool_format)
-    cfg = dataclasses.replace(cfg, vocab_size=len(tok))
+    chunk, block, cache_block = KERNELS[kernels]
+    cfg = dataclasses.replace(cfg, vocab_size=len(tok), gdn_chunk_size=chunk, attention_block_size=block,
+                              cache_block_size=cache_block)
     model = family.model_class(cfg, rngs=nnx.Rngs(0))
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(tok.convert_tokens_to_ids(IM_END),))
     agent = AgentConfig(tool_format=family.tool_format, max_turns=turns, max_context_tokens=32768,
@@ -144,11 +146,11 @@ def sampler_config(episodes: int, new_tokens: int) -> SamplerConfig:
 
 
 def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "small", rounds: int = 2,
-        update_repeats: int = 3) -> dict[str, Any]:
+        update_repeats: int = 3, kernels: str = "cpu") -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    world, tok, model, sampling, agent, tasks = _setup(episodes, turns, new_tokens, size)
+    world, tok, model, sampling, agent, tasks = _setup(episodes, turns, new_tokens, size, kernels)
     ours = JaxSampler(model, sampler_config(episodes, new_tokens))
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(model, d)
@@ -168,7 +170,7 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     update = update_tokens_per_s(model, trajs, tok.pad_token_id, update_repeats)
     return {
         "device": jax.devices()[0].device_kind,
-        "config": {"size": size, "episodes": episodes, "turns": turns, "new_tokens": new_tokens, "rounds": rounds,
+        "config": {"size": size, "kernels": kernels, "episodes": episodes, "turns": turns, "new_tokens": new_tokens, "rounds": rounds,
                    "vocab": len(tok), "hidden": model.config.hidden_size, "layers": model.config.num_hidden_layers,
                    "turns_played": sum(len(t.turns) for t in trajs),
                    "final_tokens_per_episode": statistics.mean(len(t.token_ids) for t in trajs),
@@ -196,13 +198,14 @@ def _define_flags(values: flags.FlagValues) -> None:
     flags.DEFINE_integer("turns", 10, "turns per episode", flag_values=values)
     flags.DEFINE_integer("new-tokens", 32, "tokens sampled per turn", flag_values=values)
     flags.DEFINE_enum("size", "small", sorted(SIZES), "model shapes", flag_values=values)
+    flags.DEFINE_enum("kernels", "cpu", sorted(KERNELS), "our kernel set (intraskill_jax.bench.model)", flag_values=values)
     flags.DEFINE_integer("rounds", 2, "timed rounds per side (the best counts)", flag_values=values)
     flags.DEFINE_integer("update-repeats", 3, "timed GRPO updates (after one warm-up)", flag_values=values)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = flagparse.parse("python -m intraskill_jax.bench.rollout", __doc__, _define_flags, argv)
-    result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.update_repeats)
+    result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.update_repeats, args.kernels)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

@@ -74,6 +74,9 @@ class ModelConfig:
       attention_block_size: 0 (default) computes whole-sequence attention with
         `jax.nn.dot_product_attention` (fused kernels on GPU/TPU); N > 0 computes it N queries at
         a time, skipping the masked upper triangle (faster on CPU, which has no fused kernel).
+      cache_block_size: 0 (default) reads every slot of a decode cache at each step (one fused
+        einsum); N > 0 reads it N slots at a time up to the last slot in use, so a step costs
+        what the sessions hold rather than the cache's size (CPU, where the read is the step).
     """
 
     family: str
@@ -106,6 +109,7 @@ class ModelConfig:
     gdn_chunk_size: int = 64
     logits_chunk_size: int = 512
     attention_block_size: int = 0
+    cache_block_size: int = 0
 
     def __post_init__(self) -> None:
         architecture = self.architecture  # an unknown family fails here
@@ -176,8 +180,10 @@ class ModelConfig:
                 f"dtype and param_dtype must be one of {_DTYPES}; got {self.dtype!r}, "
                 f"{self.param_dtype!r}."
             )
-        if not isinstance(self.attention_block_size, int) or self.attention_block_size < 0:
-            raise ValueError(f"ModelConfig.attention_block_size must be an int >= 0; got {self.attention_block_size!r}.")
+        for name in ("attention_block_size", "cache_block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"ModelConfig.{name} must be an int >= 0; got {value!r}.")
         if self.remat not in _REMAT:
             raise ValueError(f"remat must be one of {_REMAT}; got {self.remat!r}.")
         if self.scan_layers and self.num_hidden_layers % self.layer_period:

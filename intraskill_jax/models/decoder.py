@@ -103,6 +103,7 @@ class DecoderLayer(nnx.Module):
                 init_std=c.initializer_range,
                 rngs=rngs,
                 block_size=c.attention_block_size,
+                cache_block_size=c.cache_block_size,
             )
         self.post_attention_layernorm = RMSNorm(c.hidden_size, **norm_kw)
         self.mlp = MLP(

@@ -221,6 +221,69 @@ def blocked_causal_attention(
     return jnp.concatenate(outs, axis=1)
 
 
+def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots: jax.Array, key_valid: jax.Array,
+                     *, block_size: int, scale: float) -> jax.Array:
+    """Grouped-query attention of new tokens over a decode cache, reading only the slots in use.
+
+    q [B, T, H, D]; key/value [B, KV, S, D] (the new tokens already written); query_slots [B, T]
+    (out-of-range for padding); key_valid [B, S] -> [B, T, H, D], finite but meaningless for a query
+    with no slot to attend (padding). No query attends past the highest
+    slot a real query holds, so the cache is read in blocks of `block_size` slots up to that slot's
+    block only (a loop with a data-dependent trip count, blocks combined by an online softmax): the
+    step costs what the sessions hold, not what the cache has room for, and each block's scores
+    stay small. On CPU at the quickstart's shapes (32 rows, 2,048 slots, ~900 in use) a turn's
+    prefill of 256 tokens took 280 instead of 780 ms.
+    """
+    b, t, h, d = q.shape
+    kvh, s = key.shape[1], key.shape[2]
+    g, block_size = h // kvh, min(block_size, s)
+    qg = q.reshape(b, t, kvh, g, d).astype(jnp.float32)
+    live = jnp.max(jnp.where(query_slots < s, query_slots, -1)) + 1
+    neg = jnp.finfo(jnp.float32).min
+
+    def body(i, carry):
+        m, l, acc = carry
+        # The last block may overhang the cache: read the final `block_size` slots instead and
+        # mask those an earlier block already counted.
+        start = jnp.minimum(i * block_size, s - block_size)
+        k = jax.lax.dynamic_slice_in_dim(key, start, block_size, axis=2).astype(jnp.float32)
+        v = jax.lax.dynamic_slice_in_dim(value, start, block_size, axis=2).astype(jnp.float32)
+        valid = jax.lax.dynamic_slice_in_dim(key_valid, start, block_size, axis=1)
+        slots = start + jnp.arange(block_size)
+        mask = (slots >= i * block_size)[None, None, :] & (slots[None, None, :] <= query_slots[:, :, None])
+        mask = (mask & valid[:, None, :])[:, None, None]  # [B, 1, 1, T, block]
+        scores = jnp.einsum("btkgd,bksd->bkgts", qg, k) * scale
+        m_new = jnp.maximum(m, jnp.max(jnp.where(mask, scores, neg), axis=-1))
+        p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        l = l * corr + jnp.sum(p, axis=-1)
+        if t == 1:
+            pv = jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None], axis=3)[:, :, :, None]
+        else:
+            pv = jnp.einsum("bkgts,bksd->bkgtd", p, v)
+        return m_new, l, acc * corr[..., None] + pv
+
+    def blocked(num_blocks):
+        init = (jnp.full((b, kvh, g, t), neg, jnp.float32), jnp.zeros((b, kvh, g, t), jnp.float32),
+                jnp.zeros((b, kvh, g, t, d), jnp.float32))
+        _, l, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+        out = acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]  # no key (padding): 0
+        return jnp.moveaxis(out, 3, 1).reshape(b, t, h, d).astype(q.dtype)
+
+    num_blocks = (live + block_size - 1) // block_size
+    if t > 1:
+        return blocked(num_blocks)
+
+    # A decode step's one fused pass reads a slot at about half the cost of the block loop (CPU,
+    # quickstart shapes: 2.2 against 3.5 ms per step with 900 of 1,024 slots in use), so the loop
+    # runs only when it reads less than half the cache.
+    def whole(_):
+        return _grouped_attention(q, key, value, attention_mask(query_slots, key_valid)[:, :, None], scale=scale,
+                                  kv_layout="bksd")
+
+    return jax.lax.cond(2 * num_blocks * block_size < s, blocked, whole, num_blocks)
+
+
 class Attention(nnx.Module):
     """Grouped-query softmax attention with q/k RMSNorm and (partial) RoPE.
 
@@ -244,9 +307,10 @@ class Attention(nnx.Module):
         init_std: float,
         rngs: nnx.Rngs,
         block_size: int = 0,
+        cache_block_size: int = 0,
     ):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.block_size = block_size
+        self.block_size, self.cache_block_size = block_size, cache_block_size
         self.output_gate = output_gate
         self.dtype = dtype
         kw = {
@@ -303,10 +367,14 @@ class Attention(nnx.Module):
             rows = jnp.arange(b)[:, None]
             new_cache = (kv_cache[0].at[rows, :, query_slots].set(k.astype(kv_cache[0].dtype), mode="drop"),
                          kv_cache[1].at[rows, :, query_slots].set(v.astype(kv_cache[1].dtype), mode="drop"))
-            # Grouped einsum straight over the cache: K/V are never copied per query head.
-            out = _grouped_attention(q.astype(self.dtype), new_cache[0].astype(self.dtype),
-                                     new_cache[1].astype(self.dtype), attention_mask(query_slots, key_valid)[:, :, None],
-                                     scale=d**-0.5, kv_layout="bksd")
+            if self.cache_block_size:
+                out = cached_attention(q.astype(self.dtype), new_cache[0], new_cache[1], query_slots, key_valid,
+                                       block_size=self.cache_block_size, scale=d**-0.5)
+            else:
+                out = _grouped_attention(q.astype(self.dtype), new_cache[0].astype(self.dtype),
+                                         new_cache[1].astype(self.dtype),
+                                         attention_mask(query_slots, key_valid)[:, :, None], scale=d**-0.5,
+                                         kv_layout="bksd")
         elif 0 < self.block_size < t:
             out = blocked_causal_attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
                                            key_valid, block_size=self.block_size, scale=d**-0.5)

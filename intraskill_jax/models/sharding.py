@@ -18,6 +18,7 @@ import jax
 import numpy as np
 from flax import nnx
 from flax.core import spmd as flax_spmd
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -77,7 +78,13 @@ def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[Any] | None =
     devices = list(devices if devices is not None else jax.devices())
     shape = config.resolve(len(devices))
     auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-    return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+    try:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+    except NotImplementedError:
+        # jax.make_mesh splits a physical axis of the chip grid only on v5e; fsdp=32 x tensor=2 on
+        # v6e-64's 8x8 chips needs one (each tensor pair then shares a row of the torus).
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+        return Mesh(grid, MESH_AXES, axis_types=auto)
 
 
 def logical_axes(variable: nnx.Variable) -> tuple[str | None, ...] | None:

@@ -12,9 +12,10 @@ prompt of GRPO siblings) pre-fill it once, in one row at batch 1, and copy that 
 others; each then pre-fills only its own remainder (`shared_prefix_tokens` counts the tokens saved).
 
 Each row writes only its own real tokens at its own next slots (padding and idle rows cost none),
-so the cache needs as many slots as the longest live session. Attention reads every slot, so the
-cache starts short and grows with the sessions (each length compiles its own programs); once no
-session is live it starts over, short. A session longer than `max_length` is an error.
+so the cache needs as many slots as the longest live session. Attention reads every slot (with the
+model's `cache_block_size`, the blocks up to the last slot in use), so the cache starts short and
+grows with the sessions (each length compiles its own programs); once no session is live it starts
+over, short. A session longer than `max_length` is an error.
 """
 
 from __future__ import annotations

@@ -95,6 +95,23 @@ def test_a_model_with_scan_layers_samples_as_the_model_without(model):
         assert c.token_ids == greedy_reference(model, p, 12)
 
 
+def test_a_model_reading_its_cache_in_blocks_samples_as_the_model_without(model):
+    # The CPU configs read the decode cache in blocks up to the last slot in use
+    # (policy.cache_block_size); 24 does not divide the 160-slot cache, so the last block overhangs.
+    cfg = model.config.replace(cache_block_size=24)
+    blocked = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
+    nnx.update(blocked, nnx.state(model, nnx.Param))
+    sampler = JaxSampler(blocked, small())
+    params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
+    history = dict(zip("AB", prompts(6, 2, 10, 30), strict=True))
+    for turn in range(4):
+        sessions = ["A"] if turn == 2 else ["A", "B"]  # B idles a turn: its row is masked, not read
+        for s, c in zip(sessions, sampler.generate([GenerateRequest(s, history[s]) for s in sessions], params),
+                        strict=True):
+            assert c.token_ids == greedy_reference(model, history[s], 8), (turn, s)
+            history[s] = history[s] + c.token_ids + list(range(50, 50 + 5 * turn))
+
+
 def test_logprobs_equal_what_the_trainer_recomputes(model):
     sampler = JaxSampler(model, small(seed=3))
     ps = prompts(1, 2)
