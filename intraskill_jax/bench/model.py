@@ -13,12 +13,15 @@ Both sides get the same architecture, batch and token ids (random weights each).
     batch x new tokens / time (ours: the sampler's jitted `decode` loop, with its sampling, log-probs
     and stop checks; transformers: a manual loop over `past_key_values`, which avoids `generate`'s
     per-step overhead and so is the stronger peer);
-  * generate: prefill and decode together, tokens/s = batch x new tokens / time.
+  * generate: prefill and decode together, tokens/s = batch x new tokens / time;
+  * turn: a later turn of a multi-turn session, `prompt` new tokens per row onto `history` tokens
+    already cached (their prefill untimed), last-position logits; ours in a cache of `cache_slots`
+    slots, as the sampler sizes it for sessions that grow (transformers' cache holds the history
+    exactly), tokens/s = batch x prompt / time.
 Ours runs once per kernel set (`--kernels`): `default` (DeltaNet chunks of 64, one fused
 attention: the GPU/TPU shapes) and `cpu` (chunks of 16, causal attention in query blocks of 128,
-the decode cache read in blocks of 256 slots: what the CPU quickstart uses). The decode cache holds
-exactly prompt + new tokens here, so reading it in blocks (which pays off when sessions fill a
-fraction of the sampler's cache, as in multi-turn rollouts) shows only its loop's overhead. Everything is warmed up first (compilation excluded), then timed in
+the decode cache read in blocks of 256 slots: what the CPU quickstart uses). Decode's cache holds
+exactly prompt + new tokens; `turn` shows the sampler's cache partly filled, as rollouts run it. Everything is warmed up first (compilation excluded), then timed in
 alternating rounds, ours and transformers taking turns; each side's best round counts, since
 load from other processes only ever slows a run down. The JSON carries every round, the CPU
 seconds of the best ones (a cross-check less tied to load) and the load averages around the run:
@@ -66,6 +69,8 @@ class BenchShape:
     decode_batch: int
     prompt: int
     new_tokens: int
+    history: int
+    cache_slots: int
 
 
 SIZES: dict[str, tuple[Callable[[], ModelConfig], BenchShape]] = {
@@ -76,7 +81,7 @@ SIZES: dict[str, tuple[Callable[[], ModelConfig], BenchShape]] = {
             linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32,
             linear_conv_kernel_dim=4, tie_word_embeddings=True, dtype="float32", param_dtype="float32",
         ),
-        BenchShape(batch=4, seq=512, decode_batch=8, prompt=64, new_tokens=64),
+        BenchShape(batch=4, seq=512, decode_batch=8, prompt=64, new_tokens=64, history=448, cache_slots=1024),
     ),
     # configs/quickstart.py's policy (vocabulary as its tokenizer ends up) at an SFT batch and at
     # the rollout batch of the quickstart's sampler.
@@ -87,11 +92,13 @@ SIZES: dict[str, tuple[Callable[[], ModelConfig], BenchShape]] = {
             head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
             linear_value_head_dim=32, tie_word_embeddings=True,
         ),
-        BenchShape(batch=8, seq=1024, decode_batch=32, prompt=128, new_tokens=32),
+        BenchShape(batch=8, seq=1024, decode_batch=32, prompt=128, new_tokens=32, history=896,
+                   cache_slots=2048),
     ),
     "4b": (
         lambda: ModelConfig.qwen3_5_4b(dtype="bfloat16", param_dtype="bfloat16", remat="full"),
-        BenchShape(batch=4, seq=2048, decode_batch=64, prompt=512, new_tokens=128),
+        BenchShape(batch=4, seq=2048, decode_batch=64, prompt=512, new_tokens=128, history=2048,
+                   cache_slots=8192),
     ),
 }
 # name -> (gdn_chunk_size, attention_block_size, cache_block_size)
@@ -108,10 +115,11 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
 # A side is one callable per task; each returns the wall and CPU seconds of its timed part only
 # (decode is timed from a pre-filled cache: its prefill runs first, untimed).
 Task = Callable[[], tuple[float, float]]
-TASKS = ("train", "prefill", "decode", "generate")
+TASKS = ("train", "prefill", "decode", "generate", "turn")
 
 
-def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray) -> dict[str, Task]:
+def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray,
+          history: np.ndarray) -> dict[str, Task]:
     """The sampler's own jitted `prefill` and `decode` (rollout/jax_sampler.py: last-position logits, the
     sampling and stop checks of every step), greedy, and the trainer's token-logprob loss; warmed up."""
     from intraskill_jax.rollout import jax_sampler
@@ -147,11 +155,19 @@ def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt:
         logits, cache = jax.block_until_ready(prefill())
         return _timed(lambda: jax.block_until_ready(decode(logits, cache)))
 
+    def timed_turn() -> tuple[float, float]:
+        cache = init_cache(config, b, shape.cache_slots)
+        for piece in np.array_split(history, -(-history.shape[1] // 256), axis=1):
+            _, cache = jax_sampler.prefill(graphdef, state, cache, jnp.asarray(piece), jnp.ones(piece.shape, bool))
+        jax.block_until_ready(cache)
+        return _timed(lambda: jax.block_until_ready(jax_sampler.prefill(graphdef, state, cache, prompt_ids, mask)))
+
     tasks: dict[str, Task] = {
         "train": lambda: _timed(lambda: jax.block_until_ready(train_step(p_train, ids))),
         "prefill": lambda: _timed(lambda: jax.block_until_ready(prefill())),
         "decode": timed_decode,
         "generate": lambda: _timed(lambda: jax.block_until_ready(decode(*prefill()))),
+        "turn": timed_turn,
     }
     for task in tasks.values():
         task()
@@ -159,7 +175,8 @@ def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt:
 
 
 # --------------------------------------------------------------------------- transformers
-def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray) -> dict[str, Task]:
+def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray,
+               history: np.ndarray) -> dict[str, Task]:
     import torch
     from transformers import Qwen3_5ForCausalLM as HFModel
     from transformers import Qwen3_5TextConfig
@@ -173,6 +190,7 @@ def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, pr
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     ids = torch.as_tensor(train_ids, device=device)
     prompt_t = torch.as_tensor(prompt, device=device)
+    history_t = torch.as_tensor(history, device=device)
 
     def train() -> None:
         model.train()
@@ -200,11 +218,24 @@ def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, pr
         out = prefill()
         return _timed(lambda: decode(out))
 
+    @torch.inference_mode()
+    def timed_turn() -> tuple[float, float]:
+        model.eval()
+        cache = model(input_ids=history_t, use_cache=True, logits_to_keep=1).past_key_values
+        sync()
+
+        def turn() -> None:
+            model(input_ids=prompt_t, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            sync()
+
+        return _timed(turn)
+
     tasks: dict[str, Task] = {
         "train": lambda: _timed(train),
         "prefill": lambda: _timed(prefill),
         "decode": timed_decode,
         "generate": lambda: _timed(lambda: decode(prefill())),
+        "turn": timed_turn,
     }
     for task in tasks.values():
         task()
@@ -226,15 +257,17 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
     rng = np.random.default_rng(0)
     train_ids = rng.integers(0, config.vocab_size, (shape.batch, shape.seq + 1), dtype=np.int64)
     prompt = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.prompt), dtype=np.int64)
+    history = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.history), dtype=np.int64)
     sides: dict[str, dict[str, Task]] = {}
     for name in kernels:
         chunk, block, cache_block = KERNELS[name]
         kernel_config = dataclasses.replace(config, gdn_chunk_size=chunk, attention_block_size=block,
                                             cache_block_size=cache_block)
-        sides[name] = _ours(kernel_config, shape, train_ids.astype(np.int32), prompt.astype(np.int32))
+        sides[name] = _ours(kernel_config, shape, train_ids.astype(np.int32), prompt.astype(np.int32),
+                            history.astype(np.int32))
     peak = _peak_gib()  # before torch runs, so RSS reflects our side only
     if not skip_reference:
-        sides["transformers"] = _reference(config, shape, train_ids[:, :-1], prompt)
+        sides["transformers"] = _reference(config, shape, train_ids[:, :-1], prompt, history)
     load_before = os.getloadavg()
     times: dict[str, dict[str, list[tuple[float, float]]]] = {n: {t: [] for t in TASKS} for n in sides}
     for _ in range(rounds):
@@ -244,7 +277,7 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
     load_after = os.getloadavg()
     generated = shape.decode_batch * shape.new_tokens
     work = {"train": shape.batch * shape.seq, "prefill": shape.decode_batch * shape.prompt, "decode": generated,
-            "generate": generated}
+            "generate": generated, "turn": shape.decode_batch * shape.prompt}
     result: dict[str, Any] = {
         "device": f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind} x{jax.device_count()}",
         "config": {

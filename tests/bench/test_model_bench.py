@@ -8,7 +8,7 @@ from intraskill_jax.models import ModelConfig
 
 
 def test_every_task_is_timed_on_both_sides(monkeypatch: pytest.MonkeyPatch):
-    shape = bench.BenchShape(batch=2, seq=32, decode_batch=2, prompt=8, new_tokens=4)
+    shape = bench.BenchShape(batch=2, seq=32, decode_batch=2, prompt=8, new_tokens=4, history=12, cache_slots=64)
     micro = lambda: ModelConfig.tiny_qwen3_5(  # noqa: E731
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         layer_types=("linear_attention", "full_attention"), num_attention_heads=2, num_key_value_heads=1,
@@ -16,7 +16,7 @@ def test_every_task_is_timed_on_both_sides(monkeypatch: pytest.MonkeyPatch):
         linear_value_head_dim=16, tie_word_embeddings=True)
     monkeypatch.setitem(bench.SIZES, "micro", (micro, shape))
     result = bench.run("micro", kernels=("cpu",), rounds=2)
-    work = {"train": 2 * 32, "prefill": 2 * 8, "decode": 2 * 4, "generate": 2 * 4}
+    work = {"train": 2 * 32, "prefill": 2 * 8, "decode": 2 * 4, "generate": 2 * 4, "turn": 2 * 8}
     for task, tokens in work.items():
         for side in ("cpu", "transformers"):
             rounds = result[f"{task}_seconds_all_{side}"]
