@@ -227,11 +227,10 @@ def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots
 
     q [B, T, H, D]; key/value [B, KV, S, D] (the new tokens already written); query_slots [B, T]
     (out-of-range for padding); key_valid [B, S] -> [B, T, H, D], finite but meaningless for a query
-    with no slot to attend (padding). No query attends past the highest
-    slot a real query holds, so the cache is read in blocks of `block_size` slots up to that slot's
-    block only (a loop with a data-dependent trip count, blocks combined by an online softmax): the
-    step costs what the sessions hold, not what the cache has room for, and each block's scores
-    stay small. On CPU at the quickstart's shapes (32 rows, 2,048 slots, ~900 in use) a turn's
+    with no slot to attend (padding). No query attends past the highest slot a real query holds, so
+    the cache is read in blocks of `block_size` slots up to that slot's block only (a loop with a
+    data-dependent trip count, blocks combined by an online softmax): the step costs what the
+    sessions hold, not what the cache has room for, and each block's scores stay small. On CPU at the quickstart's shapes (32 rows, 2,048 slots, ~900 in use) a turn's
     prefill of 256 tokens took 280 instead of 780 ms.
     """
     b, t, h, d = q.shape
