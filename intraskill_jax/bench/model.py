@@ -21,11 +21,11 @@ Both sides get the same architecture, batch and token ids (random weights each).
 Ours runs once per kernel set (`--kernels`): `default` (DeltaNet chunks of 64, one fused
 attention: the GPU/TPU shapes) and `cpu` (chunks of 16, causal attention in query blocks of 128,
 the decode cache read in blocks of 256 slots: what the CPU quickstart uses). Decode's cache holds
-exactly prompt + new tokens; `turn` shows the sampler's cache partly filled, as rollouts run it. Everything is warmed up first (compilation excluded), then timed in
-alternating rounds, ours and transformers taking turns; each side's best round counts, since
-load from other processes only ever slows a run down. The JSON carries every round, the CPU
-seconds of the best ones (a cross-check less tied to load) and the load averages around the run:
-a figure counts only from a quiet machine.
+exactly prompt + new tokens; `turn` shows the sampler's cache partly filled, as rollouts run it.
+Everything is warmed up first (compilation excluded), then timed in alternating rounds, ours and
+transformers taking turns; each side's best round counts, since load from other processes only ever
+slows a run down. The JSON carries every round, the CPU seconds of the best ones (a cross-check
+less tied to load) and the load averages around the run: a figure counts only from a quiet machine.
 """
 
 from __future__ import annotations
@@ -101,8 +101,11 @@ SIZES: dict[str, tuple[Callable[[], ModelConfig], BenchShape]] = {
                    cache_slots=8192),
     ),
 }
-# name -> (gdn_chunk_size, attention_block_size, cache_block_size)
-KERNELS = {"default": (64, 0, 0), "cpu": (16, 128, 256)}
+# name -> the ModelConfig kernel fields it sets
+KERNELS: dict[str, dict[str, int]] = {
+    "default": {"gdn_chunk_size": 64, "attention_block_size": 0, "cache_block_size": 0},
+    "cpu": {"gdn_chunk_size": 16, "attention_block_size": 128, "cache_block_size": 256},
+}
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
@@ -260,11 +263,8 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
     history = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.history), dtype=np.int64)
     sides: dict[str, dict[str, Task]] = {}
     for name in kernels:
-        chunk, block, cache_block = KERNELS[name]
-        kernel_config = dataclasses.replace(config, gdn_chunk_size=chunk, attention_block_size=block,
-                                            cache_block_size=cache_block)
-        sides[name] = _ours(kernel_config, shape, train_ids.astype(np.int32), prompt.astype(np.int32),
-                            history.astype(np.int32))
+        sides[name] = _ours(dataclasses.replace(config, **KERNELS[name]), shape, train_ids.astype(np.int32),
+                            prompt.astype(np.int32), history.astype(np.int32))
     peak = _peak_gib()  # before torch runs, so RSS reflects our side only
     if not skip_reference:
         sides["transformers"] = _reference(config, shape, train_ids[:, :-1], prompt, history)

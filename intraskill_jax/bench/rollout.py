@@ -126,9 +126,7 @@ def _setup(episodes: int, turns: int, new_tokens: int, size: str, kernels: str):
     cfg = SIZES[size][0]()
     family = get_family(cfg.family)
     tok = train_tokenizer(texts, vocab_size=4096, tool_format=family.tool_format)
-    chunk, block, cache_block = KERNELS[kernels]
-    cfg = dataclasses.replace(cfg, vocab_size=len(tok), gdn_chunk_size=chunk, attention_block_size=block,
-                              cache_block_size=cache_block)
+    cfg = dataclasses.replace(cfg, vocab_size=len(tok), **KERNELS[kernels])
     model = family.model_class(cfg, rngs=nnx.Rngs(0))
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(tok.convert_tokens_to_ids(IM_END),))
     agent = AgentConfig(tool_format=family.tool_format, max_turns=turns, max_context_tokens=32768,
@@ -170,7 +168,8 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     update = update_tokens_per_s(model, trajs, tok.pad_token_id, update_repeats)
     return {
         "device": jax.devices()[0].device_kind,
-        "config": {"size": size, "kernels": kernels, "episodes": episodes, "turns": turns, "new_tokens": new_tokens, "rounds": rounds,
+        "config": {"size": size, "kernels": kernels, "episodes": episodes, "turns": turns, "new_tokens": new_tokens,
+                   "rounds": rounds,
                    "vocab": len(tok), "hidden": model.config.hidden_size, "layers": model.config.num_hidden_layers,
                    "turns_played": sum(len(t.turns) for t in trajs),
                    "final_tokens_per_episode": statistics.mean(len(t.token_ids) for t in trajs),
@@ -198,7 +197,8 @@ def _define_flags(values: flags.FlagValues) -> None:
     flags.DEFINE_integer("turns", 10, "turns per episode", flag_values=values)
     flags.DEFINE_integer("new-tokens", 32, "tokens sampled per turn", flag_values=values)
     flags.DEFINE_enum("size", "small", sorted(SIZES), "model shapes", flag_values=values)
-    flags.DEFINE_enum("kernels", "cpu", sorted(KERNELS), "our kernel set (intraskill_jax.bench.model)", flag_values=values)
+    flags.DEFINE_enum("kernels", "cpu", sorted(KERNELS), "our kernel set (intraskill_jax.bench.model)",
+                      flag_values=values)
     flags.DEFINE_integer("rounds", 2, "timed rounds per side (the best counts)", flag_values=values)
     flags.DEFINE_integer("update-repeats", 3, "timed GRPO updates (after one warm-up)", flag_values=values)
 

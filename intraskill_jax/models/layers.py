@@ -230,9 +230,17 @@ def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots
     with no slot to attend (padding). No query attends past the highest slot a real query holds, so
     the cache is read in blocks of `block_size` slots up to that slot's block only (a loop with a
     data-dependent trip count, blocks combined by an online softmax): the step costs what the
-    sessions hold, not what the cache has room for, and each block's scores stay small. On CPU at the quickstart's shapes (32 rows, 2,048 slots, ~900 in use) a turn's
-    prefill of 256 tokens took 280 instead of 780 ms.
+    sessions hold, not what the cache has room for, and each block's scores stay small. On CPU at
+    the quickstart's shapes (32 rows, 2,048 slots, ~900 in use) a turn's prefill of 256 tokens took
+    280 instead of 780 ms. `block_size` 0 reads the whole cache in one fused pass.
     """
+
+    def whole(_=None):
+        return _grouped_attention(q, key, value, attention_mask(query_slots, key_valid)[:, :, None], scale=scale,
+                                  kv_layout="bksd")
+
+    if not block_size:
+        return whole()
     b, t, h, d = q.shape
     kvh, s = key.shape[1], key.shape[2]
     g, block_size = h // kvh, min(block_size, s)
@@ -276,10 +284,6 @@ def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots
     # A decode step's one fused pass reads a slot at about half the cost of the block loop (CPU,
     # quickstart shapes: 2.2 against 3.5 ms per step with 900 of 1,024 slots in use), so the loop
     # runs only when it reads less than half the cache.
-    def whole(_):
-        return _grouped_attention(q, key, value, attention_mask(query_slots, key_valid)[:, :, None], scale=scale,
-                                  kv_layout="bksd")
-
     return jax.lax.cond(2 * num_blocks * block_size < s, blocked, whole, num_blocks)
 
 
@@ -366,14 +370,9 @@ class Attention(nnx.Module):
             rows = jnp.arange(b)[:, None]
             new_cache = (kv_cache[0].at[rows, :, query_slots].set(k.astype(kv_cache[0].dtype), mode="drop"),
                          kv_cache[1].at[rows, :, query_slots].set(v.astype(kv_cache[1].dtype), mode="drop"))
-            if self.cache_block_size:
-                out = cached_attention(q.astype(self.dtype), new_cache[0], new_cache[1], query_slots, key_valid,
-                                       block_size=self.cache_block_size, scale=d**-0.5)
-            else:
-                out = _grouped_attention(q.astype(self.dtype), new_cache[0].astype(self.dtype),
-                                         new_cache[1].astype(self.dtype),
-                                         attention_mask(query_slots, key_valid)[:, :, None], scale=d**-0.5,
-                                         kv_layout="bksd")
+            out = cached_attention(q.astype(self.dtype), new_cache[0].astype(self.dtype),
+                                   new_cache[1].astype(self.dtype), query_slots, key_valid,
+                                   block_size=self.cache_block_size, scale=d**-0.5)
         elif 0 < self.block_size < t:
             out = blocked_causal_attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
                                            key_valid, block_size=self.block_size, scale=d**-0.5)
