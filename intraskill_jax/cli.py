@@ -25,6 +25,10 @@ _COMMANDS = (*_TRAINING, "report", "check-bundle", "compile-check", "serve", *_S
 
 
 def main(argv: list[str] | None = None) -> None:
+    if argv is None:  # the program itself (not a caller's in-process call): pick the allocator first
+        from intraskill_jax import allocator
+
+        allocator.ensure()
     argv = list(sys.argv if argv is None else argv)
     if len(argv) < 2 or argv[1] in ("-h", "--help") or argv[1] not in _COMMANDS:
         print(__doc__.strip(), file=sys.stderr)

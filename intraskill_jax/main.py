@@ -27,7 +27,7 @@ from ml_collections import config_flags
 
 from sim import flagparse
 
-from intraskill_jax import runconfig
+from intraskill_jax import allocator, runconfig
 from intraskill_jax.progress import LOG_DATE_FORMAT, LOG_FORMAT, Planned, Progress
 
 QUICKSTART = str(Path(__file__).resolve().parent.parent / "configs" / "quickstart.py")
@@ -176,6 +176,7 @@ def _command(command: str, args: types.SimpleNamespace, config: runconfig.RunCon
     logging.getLogger().setLevel(logging.WARNING)
     for name in ("intraskill_jax", "sim"):
         logging.getLogger(name).setLevel(logging.INFO)
+    logging.getLogger(__name__).info(allocator.describe())
     if command == "sft":
         from sim.world import build_world
 

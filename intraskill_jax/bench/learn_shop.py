@@ -23,6 +23,8 @@ from absl import flags
 
 from sim import flagparse
 
+from intraskill_jax import allocator
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "configs" / "shop_h200.py"
 
@@ -66,6 +68,7 @@ def run(config_path: str | Path, workdir: str | Path, *, progress: bool = False)
         "rounds": figures["rounds"],
         "seconds": seconds,
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "allocator": allocator.active(),
     }
 
 
@@ -77,6 +80,8 @@ def _define_flags(values: flags.FlagValues) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    if argv is None:  # run as a program: the allocator users get (intraskill_jax/allocator.py)
+        allocator.ensure()
     args = flagparse.parse("python -m intraskill_jax.bench.learn_shop", __doc__, _define_flags, argv)
     result = run(args.config, args.workdir, progress=args.progress)
     print(json.dumps(result, sort_keys=True) if args.json else json.dumps(result, indent=1, sort_keys=True))

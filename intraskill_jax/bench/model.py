@@ -52,6 +52,7 @@ from flax import nnx
 
 from sim import flagparse
 
+from intraskill_jax import allocator
 from intraskill_jax.models import (
     ModelConfig,
     Qwen3_5ForCausalLM,
@@ -286,6 +287,7 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
                if k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "layer_types")},
             "dtype": config.dtype, "remat": config.remat, "kernels": {n: KERNELS[n] for n in kernels},
             "threads": os.cpu_count(), "load_average_before": load_before, "load_average_after": load_after,
+            "allocator": allocator.active(),
         },
         "peak_memory_gib": peak,
     }
@@ -315,6 +317,8 @@ def _define_flags(values: flags.FlagValues) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    if argv is None:  # run as a program: the allocator users get (intraskill_jax/allocator.py)
+        allocator.ensure()
     args = flagparse.parse("python -m intraskill_jax.bench.model", __doc__, _define_flags, argv)
     result = run(args.size, tuple(args.kernels), args.rounds, args.skip_reference)
     if args.json:

@@ -37,6 +37,7 @@ from sim.config import CatalogConfig, SimConfig, SplitConfig
 from sim.env import ShopEnv
 from sim.world import build_world
 
+from intraskill_jax import allocator
 from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
 from intraskill_jax.agent.trajectory import Trajectory, collate
 from intraskill_jax.bench.model import KERNELS, SIZES
@@ -176,7 +177,8 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
                    # Greedy on both sides: equal histories mean equal work (fp32 near-ties may differ).
                    "episodes_identical_to_ref": sum(a.token_ids == b.token_ids for a, b in zip(trajs, trajs_ref)),
                    "sampler_cache_slots": ours.cache_length, "shared_prefix_tokens": ours.shared_prefix_tokens,
-                   "threads": os.cpu_count(), "load_average_before": load_before, "load_average_after": load_after},
+                   "threads": os.cpu_count(), "load_average_before": load_before, "load_average_after": load_after,
+                   "allocator": allocator.active()},
         "seconds_all": [round(x[0], 3) for x in runs],
         "seconds_all_ref": [round(x[0], 3) for x in runs_ref],
         # CPU seconds each side spent (best round): a cross-check less tied to other processes' load.
@@ -204,6 +206,8 @@ def _define_flags(values: flags.FlagValues) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    if argv is None:  # run as a program: the allocator users get (intraskill_jax/allocator.py)
+        allocator.ensure()
     args = flagparse.parse("python -m intraskill_jax.bench.rollout", __doc__, _define_flags, argv)
     result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.update_repeats, args.kernels)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
