@@ -26,6 +26,10 @@ Everything is warmed up first (compilation excluded), then timed in alternating 
 transformers taking turns; each side's best round counts, since load from other processes only ever
 slows a run down. The JSON carries every round, the CPU seconds of the best ones (a cross-check
 less tied to load) and the load averages around the run: a figure counts only from a quiet machine.
+It also carries the training step's FLOPs (XLA's cost analysis), the device's matmul rate, and
+from the two the training ratio no implementation could beat on this machine
+(`train_speedup_bound_*`: the reference's step time over ours with every FLOP at the matmul peak),
+and the host allocator (`intraskill_jax/allocator.py`; the benchmark picks it as `intraskill` does).
 """
 
 from __future__ import annotations
@@ -123,9 +127,10 @@ TASKS = ("train", "prefill", "decode", "generate", "turn")
 
 
 def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray,
-          history: np.ndarray) -> dict[str, Task]:
+          history: np.ndarray) -> tuple[dict[str, Task], float]:
     """The sampler's own jitted `prefill` and `decode` (rollout/jax_sampler.py: last-position logits, the
-    sampling and stop checks of every step), greedy, and the trainer's token-logprob loss; warmed up."""
+    sampling and stop checks of every step), greedy, and the trainer's token-logprob loss; warmed up.
+    Also the training step's FLOPs (XLA's cost analysis of the lowered step: no second compile)."""
     from intraskill_jax.rollout import jax_sampler
 
     model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
@@ -175,7 +180,20 @@ def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt:
     }
     for task in tasks.values():
         task()
-    return tasks
+    cost = train_step.lower(p_train, ids).cost_analysis()
+    return tasks, float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def _matmul_gflops(dtype: jnp.dtype, repeats: int = 5) -> float:
+    """This device's matrix-multiply rate through XLA in `dtype` (best of `repeats` square products,
+    2,048 on a CPU, 8,192 on an accelerator): what a training step of nothing but large matmuls
+    could reach."""
+    n = 2048 if jax.devices()[0].platform == "cpu" else 8192
+    a = jnp.ones((n, n), dtype)
+    product = jax.jit(jnp.dot)
+    jax.block_until_ready(product(a, a))
+    best = min(_timed(lambda: jax.block_until_ready(product(a, a)))[0] for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
 
 
 # --------------------------------------------------------------------------- transformers
@@ -263,9 +281,12 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
     prompt = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.prompt), dtype=np.int64)
     history = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.history), dtype=np.int64)
     sides: dict[str, dict[str, Task]] = {}
+    train_flops = {}
     for name in kernels:
-        sides[name] = _ours(dataclasses.replace(config, **KERNELS[name]), shape, train_ids.astype(np.int32),
-                            prompt.astype(np.int32), history.astype(np.int32))
+        sides[name], train_flops[name] = _ours(dataclasses.replace(config, **KERNELS[name]), shape,
+                                               train_ids.astype(np.int32), prompt.astype(np.int32),
+                                               history.astype(np.int32))
+    matmul_gflops = _matmul_gflops(config.compute_dtype)
     peak = _peak_gib()  # before torch runs, so RSS reflects our side only
     if not skip_reference:
         sides["transformers"] = _reference(config, shape, train_ids[:, :-1], prompt, history)
@@ -290,6 +311,7 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
             "allocator": allocator.active(),
         },
         "peak_memory_gib": peak,
+        "matmul_peak_gflops": matmul_gflops,
     }
     for name, per_task in times.items():
         for task, runs in per_task.items():
@@ -297,7 +319,14 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
             result[f"{task}_tokens_per_s_{name}"] = work[task] / wall
             result[f"{task}_cpu_seconds_{name}"] = cpu
             result[f"{task}_seconds_all_{name}"] = [round(w, 4) for w, _ in runs]
+    for name, flops in train_flops.items():
+        result[f"train_gflop_per_step_{name}"] = flops / 1e9
     if not skip_reference:
+        # The training ratio a step could reach if all its FLOPs ran at the matmul peak above: an
+        # upper bound (the reference does at least these FLOPs, its attention more).
+        reference_step = work["train"] / result["train_tokens_per_s_transformers"]
+        for name, flops in train_flops.items():
+            result[f"train_speedup_bound_{name}"] = reference_step / (flops / (matmul_gflops * 1e9))
         for name in kernels:
             for task in work:
                 result[f"{task}_speedup_{name}"] = (result[f"{task}_tokens_per_s_{name}"]

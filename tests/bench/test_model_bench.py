@@ -1,10 +1,12 @@
 """The model benchmark runs end to end on a micro config and reports what it timed (the figures
 themselves come from the bench command on a quiet machine)."""
 
+import jax
 import pytest
+from flax import nnx
 
 from intraskill_jax.bench import model as bench
-from intraskill_jax.models import ModelConfig
+from intraskill_jax.models import ModelConfig, Qwen3_5ForCausalLM
 
 
 def test_every_task_is_timed_on_both_sides(monkeypatch: pytest.MonkeyPatch):
@@ -27,3 +29,10 @@ def test_every_task_is_timed_on_both_sides(monkeypatch: pytest.MonkeyPatch):
         assert result[f"{task}_speedup_cpu"] == pytest.approx(
             result[f"{task}_tokens_per_s_cpu"] / result[f"{task}_tokens_per_s_transformers"])
     assert len(result["config"]["load_average_before"]) == 3
+    # The step's FLOPs: a matmul forward and backward is 6 FLOPs per weight per token (the tied
+    # head included); attention and elementwise work add some, not multiples.
+    params = sum(x.size for x in jax.tree.leaves(nnx.state(Qwen3_5ForCausalLM(micro(), rngs=nnx.Rngs(0)))))
+    assert 0.9 * 6 * params * 64 < result["train_gflop_per_step_cpu"] * 1e9 < 3 * 6 * params * 64
+    assert result["matmul_peak_gflops"] > 0
+    at_peak = result["train_gflop_per_step_cpu"] / result["matmul_peak_gflops"]
+    assert result["train_speedup_bound_cpu"] == pytest.approx(64 / result["train_tokens_per_s_transformers"] / at_peak)
