@@ -4,15 +4,15 @@ XLA:CPU allocates all of an execution's temporaries as one block, from the threa
 ~670 MB for a quickstart-sized training step ([8, 1024] tokens). glibc serves a block that large
 from a fresh `mmap` and unmaps it when freed, so every step faults its whole working set in anew
 (~164K page faults, ~0.4 s of kernel time per step on two cores). tcmalloc keeps freed memory for
-reuse, as does jemalloc told to (`MALLOC_CONF` below); with either preloaded the training step
-and prefill of `python -m intraskill_jax.bench.model --size quickstart` ran 1.3-2x faster on this
-project's 2-core machine (README, Performance). glibc has no run-time setting that does the same:
+reuse, as does jemalloc told to (`MALLOC_CONF` below); with tcmalloc preloaded the training step
+of `python -m intraskill_jax.bench.model --size quickstart` ran 1.2-1.6x and its prefill ~2x
+faster on this project's 2-core machine (README, Performance, Models). glibc has no run-time setting that does the same:
 its non-main arenas map large blocks whatever `M_MMAP_MAX` says, and one arena for all threads
 (`M_ARENA_MAX=1`) gained ~10% with more CPU time.
 
 A preload must be in the environment when the process starts, so `ensure()` re-executes the
-same command line (same PID, same file descriptors) once, before JAX is imported, with
-`LD_PRELOAD` set; `torch.backends.xeon.run_cpu` does the same for PyTorch. It runs only where it
+same command line (same PID, same file descriptors) once, before any work, with `LD_PRELOAD`
+set (PyTorch's CPU launcher, `torch.backends.xeon.run_cpu`, starts programs with it preloaded too). It runs only where it
 is called (the `intraskill` command and the benchmarks' mains), never on import, and restores
 `LD_PRELOAD` and `MALLOC_CONF` in the new process so that child processes start as they would have.
 
@@ -23,11 +23,8 @@ is called (the `intraskill` command and the benchmarks' mains), never on import,
 from __future__ import annotations
 
 import ctypes.util
-import logging
 import os
 import sys
-
-logger = logging.getLogger(__name__)
 
 ENV = "INTRASKILL_ALLOCATOR"
 CHOICES = ("auto", "tcmalloc", "jemalloc", "system")
@@ -40,7 +37,7 @@ _SETTINGS = {
     "tcmalloc": {"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40)},
     "jemalloc": {"MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:30000,muzzy_decay_ms:30000"},
 }
-INSTALL_HINT = "apt-get install libtcmalloc-minimal4 (Debian/Ubuntu) makes CPU steps 1.3-2x faster"
+INSTALL_HINT = "apt-get install libtcmalloc-minimal4 (Debian/Ubuntu): CPU training steps 1.2-1.6x, prefill ~2x faster"
 
 
 def find(name: str) -> str | None:
