@@ -6,15 +6,16 @@ from a fresh `mmap` and unmaps it when freed, so every step faults its whole wor
 (~164K page faults, ~0.4 s of kernel time per step on two cores). tcmalloc keeps freed memory for
 reuse, as does jemalloc told to (`MALLOC_CONF` below); with tcmalloc preloaded the training step
 of `python -m intraskill_jax.bench.model --size quickstart` ran 1.2-1.6x and its prefill ~2x
-faster on this project's 2-core machine (README, Performance, Models). glibc has no run-time setting that does the same:
-its non-main arenas map large blocks whatever `M_MMAP_MAX` says, and one arena for all threads
-(`M_ARENA_MAX=1`) gained ~10% with more CPU time.
+faster on this project's 2-core machine (README, Performance, Models). glibc has no run-time
+setting that does the same: its non-main arenas map large blocks whatever `M_MMAP_MAX` says, and
+one arena for all threads (`M_ARENA_MAX=1`) gained ~10% with more CPU time.
 
 A preload must be in the environment when the process starts, so `ensure()` re-executes the
 same command line (same PID, same file descriptors) once, before any work, with `LD_PRELOAD`
-set (PyTorch's CPU launcher, `torch.backends.xeon.run_cpu`, starts programs with it preloaded too). It runs only where it
-is called (the `intraskill` command and the benchmarks' mains), never on import, and restores
-`LD_PRELOAD` and `MALLOC_CONF` in the new process so that child processes start as they would have.
+set (PyTorch's CPU launcher, `torch.backends.xeon.run_cpu`, starts programs with it preloaded
+too). It runs only where it is called (the `intraskill` command and the benchmarks' mains), never
+on import, and restores `LD_PRELOAD` and `MALLOC_CONF` in the new process so that child processes
+start as they would have.
 
 `INTRASKILL_ALLOCATOR`: `auto` (default: tcmalloc, else jemalloc, else glibc), `tcmalloc`,
 `jemalloc` or `system` (no re-execution).
@@ -37,7 +38,8 @@ _SETTINGS = {
     "tcmalloc": {"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40)},
     "jemalloc": {"MALLOC_CONF": "oversize_threshold:0,dirty_decay_ms:30000,muzzy_decay_ms:30000"},
 }
-INSTALL_HINT = "apt-get install libtcmalloc-minimal4 (Debian/Ubuntu): CPU training steps 1.2-1.6x, prefill ~2x faster"
+INSTALL_HINT = ("apt-get install libtcmalloc-minimal4 (Debian/Ubuntu): CPU training steps 1.2-1.6x, "
+                "prefill ~2x faster")
 
 
 def find(name: str) -> str | None:
@@ -54,6 +56,12 @@ def _choice() -> str:
     if choice not in CHOICES:
         raise SystemExit(f"{ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
     return choice
+
+
+def _caller_preload() -> str:
+    """An allocator the caller preloaded itself (LD_PRELOAD naming a malloc), or ''."""
+    preload = os.environ.get("LD_PRELOAD", "")
+    return preload if "malloc" in preload else ""
 
 
 def _marker() -> tuple[str, str] | None:
@@ -77,12 +85,12 @@ def ensure() -> None:
     """Re-executes this process with tcmalloc or jemalloc preloaded (see the module docstring);
     returns at once where there is nothing to do: not Linux, already done, `system` chosen, a
     preload the caller set, or no such library installed."""
-    if _marker():
-        _restore()
+    marker = _marker()
+    if marker:
+        _restore(*marker)
         return
     choice = _choice()
-    preload = os.environ.get("LD_PRELOAD", "")
-    if choice == "system" or not sys.platform.startswith("linux") or "malloc" in preload:
+    if choice == "system" or not sys.platform.startswith("linux") or _caller_preload():
         return
     names = ("tcmalloc", "jemalloc") if choice == "auto" else (choice,)
     found = next(((name, lib) for name in names if (lib := find(name))), None)
@@ -91,6 +99,7 @@ def ensure() -> None:
             raise SystemExit(f"{ENV}={choice}: lib{_LIBRARIES[choice][0]} not found; install it or use auto")
         return
     name, library = found
+    preload = os.environ.get("LD_PRELOAD", "")
     env = dict(os.environ)
     for var in ("LD_PRELOAD", *_SETTINGS[name]):
         if var in os.environ:
@@ -102,13 +111,12 @@ def ensure() -> None:
     os.execve(sys.executable, sys.orig_argv, env)
 
 
-def _restore() -> None:
+def _restore(name: str, library: str) -> None:
     """In the re-executed process: the caller's environment again, for child processes (which
     then decide for themselves). Idempotent: once restored, LD_PRELOAD no longer starts with ours."""
-    library = _marker()[1]
     if not os.environ.get("LD_PRELOAD", "").startswith(library):
         return
-    for var in ("LD_PRELOAD", *_SETTINGS.get(active(), {})):
+    for var in ("LD_PRELOAD", *_SETTINGS[name]):
         saved = os.environ.pop(_SAVED + var, None)
         if saved is None:
             os.environ.pop(var, None)
@@ -121,6 +129,6 @@ def describe() -> str:
     marker = _marker()
     if marker:
         return f"host allocator: {marker[0]} ({marker[1]}, preloaded; {ENV}=system turns it off)"
-    if "malloc" in os.environ.get("LD_PRELOAD", ""):
-        return f"host allocator: preloaded by the caller ({os.environ['LD_PRELOAD']})"
+    if _caller_preload():
+        return f"host allocator: preloaded by the caller ({_caller_preload()})"
     return f"host allocator: glibc malloc; {INSTALL_HINT}"
