@@ -66,6 +66,7 @@ class PolicyConfig:
         layer; the parameters and checkpoints are the same either way.
       gdn_chunk_size, attention_block_size, cache_block_size: kernel shapes (`ModelConfig`); 64, 0
         and 0 suit GPU/TPU, a CPU run is ~2x faster with 16 and 128 (cache_block_size: README, Models).
+      transpose_decode_weights: decode multiplies by [in, out] weight copies (`ModelConfig`); for CPU.
     """
 
     path: str = ""
@@ -78,6 +79,7 @@ class PolicyConfig:
     gdn_chunk_size: int = 64
     attention_block_size: int = 0
     cache_block_size: int = 0
+    transpose_decode_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16"):
@@ -88,7 +90,8 @@ class PolicyConfig:
     def model_overrides(self) -> dict[str, Any]:
         """The `ModelConfig` fields this section sets on whatever checkpoint it loads (numerics aside)."""
         return {"remat": self.remat, "scan_layers": self.scan_layers, "gdn_chunk_size": self.gdn_chunk_size,
-                "attention_block_size": self.attention_block_size, "cache_block_size": self.cache_block_size}
+                "attention_block_size": self.attention_block_size, "cache_block_size": self.cache_block_size,
+                "transpose_decode_weights": self.transpose_decode_weights}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

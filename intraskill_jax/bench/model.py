@@ -20,8 +20,9 @@ Both sides get the same architecture, batch and token ids (random weights each).
     exactly), tokens/s = batch x prompt / time.
 Ours runs once per kernel set (`--kernels`): `default` (DeltaNet chunks of 64, one fused
 attention: the GPU/TPU shapes) and `cpu` (chunks of 16, causal attention in query blocks of 128,
-the decode cache read in blocks of 256 slots: what the CPU quickstart uses). Decode's cache holds
-exactly prompt + new tokens; `turn` shows the sampler's cache partly filled, as rollouts run it.
+the decode cache read in blocks of 256 slots, decode reading [in, out] weight copies: what the CPU
+quickstart uses). Decode's cache holds exactly prompt + new tokens; `turn` shows the sampler's cache
+partly filled, as rollouts run it.
 Everything is warmed up first (compilation excluded), then timed in alternating rounds, ours and
 transformers taking turns; each side's best round counts, since load from other processes only ever
 slows a run down. The JSON carries every round, the CPU seconds of the best ones (a cross-check
@@ -107,9 +108,11 @@ SIZES: dict[str, tuple[Callable[[], ModelConfig], BenchShape]] = {
     ),
 }
 # name -> the ModelConfig kernel fields it sets
-KERNELS: dict[str, dict[str, int]] = {
-    "default": {"gdn_chunk_size": 64, "attention_block_size": 0, "cache_block_size": 0},
-    "cpu": {"gdn_chunk_size": 16, "attention_block_size": 128, "cache_block_size": 256},
+KERNELS: dict[str, dict[str, int | bool]] = {
+    "default": {"gdn_chunk_size": 64, "attention_block_size": 0, "cache_block_size": 0,
+                "transpose_decode_weights": False},
+    "cpu": {"gdn_chunk_size": 16, "attention_block_size": 128, "cache_block_size": 256,
+            "transpose_decode_weights": True},
 }
 
 

@@ -60,9 +60,15 @@ class Linear(nnx.Module):
         w = init_std * jax.random.normal(rngs.params(), (out_features, in_features), param_dtype)
         self.weight = param(w, axes)
         self.bias = param(jnp.zeros((out_features,), param_dtype), axes[:1]) if use_bias else None
+        # `weight` transposed to [in, out]: set only on a decode model (`CausalLM.transpose_for_decode`).
+        self.weight_t: nnx.Variable | None = None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.einsum("...i,oi->...o", x.astype(self.dtype), self.weight[...].astype(self.dtype))
+        x = x.astype(self.dtype)
+        if self.weight_t is None:
+            y = jnp.einsum("...i,oi->...o", x, self.weight[...].astype(self.dtype))
+        else:
+            y = jnp.einsum("...i,io->...o", x, self.weight_t[...].astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y

@@ -301,6 +301,8 @@ def _prefill_shared(graphdef, state, cache: DecodeCache, source, ids, mask, rows
 def decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature, top_p, stop_ids, max_new, *,
             steps: int, top_k: int):
     model = nnx.merge(graphdef, state)
+    if model.config.transpose_decode_weights:
+        model.transpose_for_decode()
     b = logits.shape[0]
 
     def cond(carry):

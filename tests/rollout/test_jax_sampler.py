@@ -112,6 +112,25 @@ def test_a_model_reading_its_cache_in_blocks_samples_as_the_model_without(model)
             history[s] = history[s] + c.token_ids + list(range(50, 50 + 5 * turn))
 
 
+def test_a_model_decoding_with_transposed_weights_samples_as_the_model_without(model):
+    # The CPU configs decode with [in, out] copies of the weights (policy.transpose_decode_weights):
+    # the same tokens and, at temperature 1, the same log-probs.
+    cfg = model.config.replace(transpose_decode_weights=True)
+    transposed = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
+    nnx.update(transposed, nnx.state(model, nnx.Param))
+    ps = prompts(7, 3)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
+    got = JaxSampler(transposed, small()).generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], greedy)
+    for p, c in zip(ps, got, strict=True):
+        assert c.token_ids == greedy_reference(model, p, 12)
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=12)
+    requests = [GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)]
+    want = JaxSampler(model, small()).generate(requests, sampled)
+    for w, c in zip(want, JaxSampler(transposed, small()).generate(requests, sampled), strict=True):
+        assert c.token_ids == w.token_ids
+        np.testing.assert_allclose(c.logprobs, w.logprobs, rtol=1e-5, atol=1e-5)
+
+
 def test_logprobs_equal_what_the_trainer_recomputes(model):
     sampler = JaxSampler(model, small(seed=3))
     ps = prompts(1, 2)
