@@ -66,7 +66,7 @@ class PolicyConfig:
         layer; the parameters and checkpoints are the same either way.
       gdn_chunk_size, attention_block_size, cache_block_size: kernel shapes (`ModelConfig`); 64, 0
         and 0 suit GPU/TPU, a CPU run is ~2x faster with 16 and 128 (cache_block_size: README, Models).
-      transpose_decode_weights: decode multiplies by [in, out] weight copies (`ModelConfig`); for CPU.
+      transpose_decode_weights: the sampler multiplies by [in, out] weight copies (`ModelConfig`); for CPU.
     """
 
     path: str = ""

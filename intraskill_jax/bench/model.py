@@ -20,9 +20,9 @@ Both sides get the same architecture, batch and token ids (random weights each).
     exactly), tokens/s = batch x prompt / time.
 Ours runs once per kernel set (`--kernels`): `default` (DeltaNet chunks of 64, one fused
 attention: the GPU/TPU shapes) and `cpu` (chunks of 16, causal attention in query blocks of 128,
-the decode cache read in blocks of 256 slots, decode reading [in, out] weight copies: what the CPU
-quickstart uses). Decode's cache holds exactly prompt + new tokens; `turn` shows the sampler's cache
-partly filled, as rollouts run it.
+the decode cache read in blocks of 256 slots, the sampler reading [in, out] weight copies: what the
+CPU quickstart uses). Decode's cache holds exactly prompt + new tokens; `turn` shows the sampler's
+cache partly filled, as rollouts run it.
 Everything is warmed up first (compilation excluded), then timed in alternating rounds, ours and
 transformers taking turns; each side's best round counts, since load from other processes only ever
 slows a run down. The JSON carries every round, the CPU seconds of the best ones (a cross-check
@@ -137,7 +137,7 @@ def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt:
     from intraskill_jax.rollout import jax_sampler
 
     model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
-    graphdef, state = nnx.split(model)
+    graphdef, state = jax_sampler.split_for_sampling(model)
     g_train, p_train, r_train = nnx.split(model, nnx.Param, ...)
 
     def nll(params: Any, ids: jax.Array) -> jax.Array:

@@ -77,9 +77,9 @@ class ModelConfig:
       cache_block_size: 0 (default) reads every slot of a decode cache at each step (one fused
         einsum); N > 0 reads it N slots at a time up to the last slot in use, so a step costs
         what the sessions hold rather than the cache's size (CPU, where the read is the step).
-      transpose_decode_weights: the sampler's decode loop multiplies by [in, out] copies of the
-        linear and output weights, made once per decode call (`CausalLM.transpose_for_decode`):
-        ~1.3x faster steps on CPU; on GPU/TPU it only doubles the weights' memory while decoding.
+      transpose_decode_weights: the sampler multiplies by [in, out] copies of the linear and output
+        weights, made once per weight version (`CausalLM.transpose_for_decode`): ~1.4x faster
+        decode steps on CPU; on GPU/TPU it would only double the sampler's weight memory.
     """
 
     family: str
@@ -190,7 +190,8 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be an int >= 0; got {value!r}.")
         if not isinstance(self.transpose_decode_weights, bool):
             raise ValueError(
-                f"ModelConfig.transpose_decode_weights must be a bool; got {self.transpose_decode_weights!r}."
+                "ModelConfig.transpose_decode_weights must be a bool; "
+                f"got {self.transpose_decode_weights!r}."
             )
         if self.remat not in _REMAT:
             raise ValueError(f"remat must be one of {_REMAT}; got {self.remat!r}.")

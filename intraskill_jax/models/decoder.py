@@ -311,7 +311,7 @@ class CausalLM(nnx.Module):
                 init_std=config.initializer_range,
                 rngs=rngs,
             )
-        # output_embedding() transposed to [h, V]: set only on a decode model (`transpose_for_decode`).
+        # output_embedding() as [h, V]: only on the sampler's model (`transpose_for_decode`).
         self.output_embedding_t: nnx.Variable | None = None
 
     def output_embedding(self) -> jax.Array:
@@ -323,11 +323,11 @@ class CausalLM(nnx.Module):
     def transpose_for_decode(self) -> None:
         """Gives every linear layer and the logits an [in, out] copy of their weight, in place.
 
-        For the sampler's decode loop on CPU (`ModelConfig.transpose_decode_weights`): a step
-        multiplies a few rows by each weight, and XLA:CPU's dot repacks an [out, in] weight at
-        every call, where an [in, out] one is read as it lies (a decode step 1.2-1.4x faster at
-        the quickstart's and the small benchmark's shapes). Called on a model merged inside the
-        jitted decode, before its loop: the copies are made once per call and live as long as it.
+        For the sampler on CPU (`ModelConfig.transpose_decode_weights`): a decode step multiplies
+        a few rows by each weight, which XLA:CPU's dots (YNNPACK) do ~1.5x faster from an [in, out]
+        weight than from HF's [out, in]; writing the product the other way round does not help, XLA
+        folds it back into the same dot. The sampler calls it once per weight version on a model of
+        its own (`rollout.jax_sampler.split_for_sampling`).
         """
         for _, module in nnx.iter_modules(self):
             if isinstance(module, Linear):

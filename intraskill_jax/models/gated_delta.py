@@ -62,8 +62,9 @@ def recurrent_gated_delta_rule(
 
     Per step, with state S [Dk, Dv]:
         S ← exp(g_t) · S;   m = Sᵀ k_t;   δ = β_t (v_t − m);   S ← S + k_t δᵀ;   o_t = Sᵀ q_t,
-    computed from one product of the old state with [k_t, q_t] (o_t = exp(g_t) Sᵀ q_t + δ k_tᵀq_t)
-    and one pass that writes the new state: half the time of the four passes above on CPU.
+    computed from one product of the old state with [k_t, q_t] (o_t = exp(g_t) Sᵀ q_t +
+    δ k_tᵀq_t) and one pass that writes the new state: half the time of the four passes above
+    on CPU.
 
     Args:
       q, k: [B, T, Hk, Dk]; v: [B, T, Hv, Dv]; g, beta: [B, T, Hv].

@@ -60,7 +60,7 @@ class Linear(nnx.Module):
         w = init_std * jax.random.normal(rngs.params(), (out_features, in_features), param_dtype)
         self.weight = param(w, axes)
         self.bias = param(jnp.zeros((out_features,), param_dtype), axes[:1]) if use_bias else None
-        # `weight` transposed to [in, out]: set only on a decode model (`CausalLM.transpose_for_decode`).
+        # `weight` as [in, out]: only on the sampler's model (`CausalLM.transpose_for_decode`).
         self.weight_t: nnx.Variable | None = None
 
     def __call__(self, x: jax.Array) -> jax.Array:
