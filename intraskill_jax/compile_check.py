@@ -146,7 +146,8 @@ def model_config(config: runconfig.RunConfig) -> tuple[ModelConfig, str]:
     study's configs), or the fresh tiny model when policy.path is empty. Numerics follow `policy`; 'auto'
     dtype is bfloat16, what a TPU run uses."""
     p = config.policy
-    overrides = {"dtype": "bfloat16" if p.dtype == "auto" else p.dtype, **p.model_overrides()}
+    overrides = {"dtype": "bfloat16" if p.dtype == "auto" else p.dtype, **p.model_overrides(),
+                 "transpose_decode_weights": False}  # a CPU option: accelerator programs read the weights as stored
     overrides["param_dtype"] = overrides["dtype"]
     if not p.path:
         init = {**p.init, "vocab_size": p.tokenizer_vocab_size}

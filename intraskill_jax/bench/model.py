@@ -137,7 +137,7 @@ def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt:
     from intraskill_jax.rollout import jax_sampler
 
     model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
-    graphdef, state = jax_sampler.split_for_sampling(model)
+    graphdef, state = nnx.split(jax_sampler.for_sampling(model))
     g_train, p_train, r_train = nnx.split(model, nnx.Param, ...)
 
     def nll(params: Any, ids: jax.Array) -> jax.Array:

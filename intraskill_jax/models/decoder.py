@@ -327,7 +327,7 @@ class CausalLM(nnx.Module):
         a few rows by each weight, which XLA:CPU's dots (YNNPACK) do ~1.5x faster from an [in, out]
         weight than from HF's [out, in]; writing the product the other way round does not help, XLA
         folds it back into the same dot. The sampler calls it once per weight version on a model of
-        its own (`rollout.jax_sampler.split_for_sampling`).
+        its own (`rollout.jax_sampler.for_sampling`).
         """
         for _, module in nnx.iter_modules(self):
             if isinstance(module, Linear):

@@ -92,7 +92,7 @@ class JaxSampler:
     def __init__(self, model: nnx.Module, config: SamplerConfig | None = None, *, weight_version: int = 0):
         self.config = config or SamplerConfig()
         self.model_config = model.config
-        self.graphdef, self.state = split_for_sampling(model)
+        self.graphdef, self.state = nnx.split(for_sampling(model))
         self.weight_version = weight_version
         self.shared_prefix_tokens = 0
         self._rows: dict[str, _Row] = {}
@@ -112,7 +112,7 @@ class JaxSampler:
         be of another architecture (an evaluation's second policy): the cache is rebuilt for it."""
         model = weights.model()
         self.model_config = model.config
-        self.graphdef, self.state = split_for_sampling(model)
+        self.graphdef, self.state = nnx.split(for_sampling(model))
         self.weight_version = weights.version
         self.flush()
 
@@ -266,16 +266,15 @@ class JaxSampler:
         return logits
 
 
-def split_for_sampling(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
-    """The (graphdef, state) the sampler's programs run: `nnx.split(model)`, plus [in, out] copies of
-    the weights when the config asks for them (`ModelConfig.transpose_decode_weights`), made here
-    once per weight version on a model of its own (the caller's model is left as it is)."""
-    graphdef, state = nnx.split(model)
+def for_sampling(model: nnx.Module) -> nnx.Module:
+    """The model the sampler's programs run: `model` itself, or, when its config asks for [in, out]
+    copies of the weights (`ModelConfig.transpose_decode_weights`), a model of its own over the same
+    arrays with the copies added (made once per weight version; the caller's model is left as it is)."""
     if not model.config.transpose_decode_weights:
-        return graphdef, state
-    sampling_model = nnx.merge(graphdef, state)  # new modules over the same arrays
+        return model
+    sampling_model = nnx.merge(*nnx.split(model))  # new modules over the same arrays
     sampling_model.transpose_for_decode()
-    return nnx.split(sampling_model)
+    return sampling_model
 
 
 # Module-level jitted functions with the graph definition static: samplers of the same architecture

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from intraskill_jax.models import causal_lm_class, token_logprobs
+from intraskill_jax.models.layers import Linear
 from intraskill_jax.rollout.base import GenerateRequest, SamplingParams
 from intraskill_jax.rollout.jax_sampler import JaxSampler
 
@@ -59,6 +60,23 @@ def small(**kw):
     return dataclasses.replace(SMALL, **kw)
 
 
+def variant(model, **changes):
+    """`model`'s parameters in a model whose config has `changes` (remat, kernel choices)."""
+    cfg = model.config.replace(**changes)
+    other = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
+    nnx.update(other, nnx.state(model, nnx.Param))
+    return other
+
+
+def assert_greedy_as_reference(sampled_model, model, seed):
+    """Greedy completions of `sampled_model`'s sampler equal `model`'s uncached reference."""
+    ps = prompts(seed, 2)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
+    got = JaxSampler(sampled_model, small()).generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
+    for p, c in zip(ps, got, strict=True):
+        assert c.token_ids == greedy_reference(model, p, 12)
+
+
 def test_batched_greedy_equals_uncached_reference(model):
     sampler = JaxSampler(model, small())
     ps = prompts(0, 3)
@@ -72,36 +90,19 @@ def test_batched_greedy_equals_uncached_reference(model):
 def test_a_model_with_remat_samples_as_the_model_without(model):
     # The trainer's model carries its remat policy (the study's policy.remat='full') into the sampler,
     # whose decode loop could not trace it (TraceContextError) before sampling skipped remat.
-    cfg = model.config.replace(remat="full")
-    remat = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
-    nnx.update(remat, nnx.state(model, nnx.Param))
-    ps = prompts(4, 2)
-    params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
-    got = JaxSampler(remat, small()).generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
-    for p, c in zip(ps, got, strict=True):
-        assert c.token_ids == greedy_reference(model, p, 12)
+    assert_greedy_as_reference(variant(model, remat="full"), model, 4)
 
 
 def test_a_model_with_scan_layers_samples_as_the_model_without(model):
     # The study's configs scan their layers (policy.scan_layers=True) for training only; the
     # sampler's cached prefill and decode run them unrolled.
-    cfg = model.config.replace(scan_layers=True, remat="full")
-    scanned = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
-    nnx.update(scanned, nnx.state(model, nnx.Param))
-    ps = prompts(5, 2)
-    params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
-    got = JaxSampler(scanned, small()).generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
-    for p, c in zip(ps, got, strict=True):
-        assert c.token_ids == greedy_reference(model, p, 12)
+    assert_greedy_as_reference(variant(model, scan_layers=True, remat="full"), model, 5)
 
 
 def test_a_model_reading_its_cache_in_blocks_samples_as_the_model_without(model):
     # The CPU configs read the decode cache in blocks up to the last slot in use
     # (policy.cache_block_size); 24 does not divide the 160-slot cache, so the last block overhangs.
-    cfg = model.config.replace(cache_block_size=24)
-    blocked = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
-    nnx.update(blocked, nnx.state(model, nnx.Param))
-    sampler = JaxSampler(blocked, small())
+    sampler = JaxSampler(variant(model, cache_block_size=24), small())
     params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
     history = dict(zip("AB", prompts(6, 2, 10, 30), strict=True))
     for turn in range(4):
@@ -115,20 +116,17 @@ def test_a_model_reading_its_cache_in_blocks_samples_as_the_model_without(model)
 def test_a_model_decoding_with_transposed_weights_samples_as_the_model_without(model):
     # The CPU configs decode with [in, out] copies of the weights (policy.transpose_decode_weights):
     # the same tokens and, at temperature 1, the same log-probs.
-    cfg = model.config.replace(transpose_decode_weights=True)
-    transposed = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(0))
-    nnx.update(transposed, nnx.state(model, nnx.Param))
-    ps = prompts(7, 3)
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
-    got = JaxSampler(transposed, small()).generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], greedy)
-    for p, c in zip(ps, got, strict=True):
-        assert c.token_ids == greedy_reference(model, p, 12)
+    transposed = variant(model, transpose_decode_weights=True)
+    assert_greedy_as_reference(transposed, model, 7)
     sampled = SamplingParams(temperature=1.0, max_new_tokens=12)
-    requests = [GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)]
+    requests = [GenerateRequest(f"s{i}", p) for i, p in enumerate(prompts(8, 3))]
     want = JaxSampler(model, small()).generate(requests, sampled)
     for w, c in zip(want, JaxSampler(transposed, small()).generate(requests, sampled), strict=True):
         assert c.token_ids == w.token_ids
         np.testing.assert_allclose(c.logprobs, w.logprobs, rtol=1e-5, atol=1e-5)
+    # The copies live in the sampler's own split; the model it was given (the learner's) gains none.
+    assert transposed.output_embedding_t is None
+    assert all(m.weight_t is None for _, m in nnx.iter_modules(transposed) if isinstance(m, Linear))
 
 
 def test_logprobs_equal_what_the_trainer_recomputes(model):
