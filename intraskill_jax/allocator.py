@@ -129,6 +129,7 @@ def describe() -> str:
     marker = _marker()
     if marker:
         return f"host allocator: {marker[0]} ({marker[1]}, preloaded; {ENV}=system turns it off)"
-    if _caller_preload():
-        return f"host allocator: preloaded by the caller ({_caller_preload()})"
+    preload = _caller_preload()
+    if preload:
+        return f"host allocator: preloaded by the caller ({preload})"
     return f"host allocator: glibc malloc; {INSTALL_HINT}"

@@ -68,7 +68,7 @@ def categorical(key: jax.Array, logits: jax.Array, block: int = 128) -> jax.Arra
     # u in [0, total): a uniform at 1 - 2^-24 times the total could round up to the total itself.
     u = jnp.minimum(jax.random.uniform(key, (b,), mass.dtype) * total, jnp.nextafter(total, 0))
     chosen = jnp.sum(running <= u[:, None], axis=-1)
-    before = jnp.where(chosen > 0, jnp.take_along_axis(running, jnp.maximum(chosen - 1, 0)[:, None], axis=1)[:, 0], 0)
+    before = jnp.take_along_axis(jnp.pad(running, ((0, 0), (1, 0))), chosen[:, None], axis=1)[:, 0]  # mass ahead
     row = jnp.take_along_axis(mass, chosen[:, None, None], axis=1)[:, 0]  # [B, block]
     within = jnp.sum(jnp.cumsum(row, axis=-1) <= (u - before)[:, None], axis=-1)
     # The block's own running sum can round below what the first level counted: stay on its last
