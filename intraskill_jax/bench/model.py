@@ -27,10 +27,12 @@ Everything is warmed up first (compilation excluded), then timed in alternating 
 transformers taking turns; each side's best round counts, since load from other processes only ever
 slows a run down. The JSON carries every round, the CPU seconds of the best ones (a cross-check
 less tied to load) and the load averages around the run: a figure counts only from a quiet machine.
-It also carries the training step's FLOPs (XLA's cost analysis), the device's matmul rate, and
-from the two the training ratio no implementation could beat on this machine
-(`train_speedup_bound_*`: the reference's step time over ours with every FLOP at the matmul peak),
-and the host allocator (`intraskill_jax/allocator.py`; the benchmark picks it as `intraskill` does).
+It also carries the FLOPs of a training step and of a decode step (XLA's cost analysis), the
+device's matmul rate, the bytes of weights a decode step reads and the rate XLA reads that many
+bytes, and from them the ratios no implementation could beat on this machine: the reference's time
+over ours with every FLOP at the matmul peak (`train_speedup_bound_*`), and for a decode step the
+larger of that and its weights read once (`decode_speedup_bound_*`); and the host allocator
+(`intraskill_jax/allocator.py`; the benchmark picks it as `intraskill` does).
 """
 
 from __future__ import annotations
@@ -129,11 +131,18 @@ Task = Callable[[], tuple[float, float]]
 TASKS = ("train", "prefill", "decode", "generate", "turn")
 
 
+def _flops(lowered: Any) -> float:
+    """FLOPs of a lowered program by XLA's cost analysis (no compile)."""
+    cost = lowered.cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
 def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray,
-          history: np.ndarray) -> tuple[dict[str, Task], float]:
+          history: np.ndarray) -> tuple[dict[str, Task], dict[str, float]]:
     """The sampler's own jitted `prefill` and `decode` (rollout/jax_sampler.py: last-position logits, the
     sampling and stop checks of every step), greedy, and the trainer's token-logprob loss; warmed up.
-    Also the training step's FLOPs (XLA's cost analysis of the lowered step: no second compile)."""
+    Also the FLOPs of a training step and of one decode step (one token per row onto the cache, the
+    head included), by XLA's cost analysis of the lowered programs."""
     from intraskill_jax.rollout import jax_sampler
 
     model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
@@ -183,8 +192,30 @@ def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt:
     }
     for task in tasks.values():
         task()
-    cost = train_step.lower(p_train, ids).cost_analysis()
-    return tasks, float((cost[0] if isinstance(cost, list) else cost)["flops"])
+    one_step = jax_sampler.prefill.lower(graphdef, state, init_cache(config, b, p + shape.new_tokens),
+                                         prompt_ids[:, :1], mask[:, :1])
+    return tasks, {"train": _flops(train_step.lower(p_train, ids)), "decode": _flops(one_step)}
+
+
+def _decode_weight_bytes(config: ModelConfig) -> int:
+    """Bytes of the weights any decode step reads in full: every parameter but an untied input
+    embedding, of which a step reads only its batch's rows."""
+    model = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0)))
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    if not config.tie_word_embeddings:
+        total -= config.vocab_size * config.hidden_size * jnp.dtype(config.params_dtype).itemsize
+    return total
+
+
+def _read_gbps(nbytes: int, repeats: int = 5, passes: int = 20) -> float:
+    """The rate at which XLA reads a buffer of `nbytes` it has just read (so from whichever cache
+    level holds that much), as a decode step reads its weights: best of `repeats` runs of `passes`
+    reductions over it (each pass depends on the last, so none is hoisted out of the loop)."""
+    a = jnp.ones((max(nbytes // 4, 1),), jnp.float32)
+    reads = jax.jit(lambda a: jax.lax.fori_loop(0, passes, lambda _, acc: jnp.sum(a + acc) * 1e-9, jnp.float32(0)))
+    jax.block_until_ready(reads(a))
+    best = min(_timed(lambda: jax.block_until_ready(reads(a)))[0] for _ in range(repeats))
+    return passes * a.nbytes / best / 1e9
 
 
 def _matmul_gflops(dtype: jnp.dtype, repeats: int = 5) -> float:
@@ -284,12 +315,14 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
     prompt = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.prompt), dtype=np.int64)
     history = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.history), dtype=np.int64)
     sides: dict[str, dict[str, Task]] = {}
-    train_flops = {}
+    flops: dict[str, dict[str, float]] = {}
     for name in kernels:
-        sides[name], train_flops[name] = _ours(dataclasses.replace(config, **KERNELS[name]), shape,
-                                               train_ids.astype(np.int32), prompt.astype(np.int32),
-                                               history.astype(np.int32))
+        sides[name], flops[name] = _ours(dataclasses.replace(config, **KERNELS[name]), shape,
+                                         train_ids.astype(np.int32), prompt.astype(np.int32),
+                                         history.astype(np.int32))
     matmul_gflops = _matmul_gflops(config.compute_dtype)
+    weight_bytes = _decode_weight_bytes(config)
+    read_gbps = _read_gbps(weight_bytes)
     peak = _peak_gib()  # before torch runs, so RSS reflects our side only
     if not skip_reference:
         sides["transformers"] = _reference(config, shape, train_ids[:, :-1], prompt, history)
@@ -315,6 +348,8 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
         },
         "peak_memory_gib": peak,
         "matmul_peak_gflops": matmul_gflops,
+        "decode_weight_mib": weight_bytes / 2**20,
+        "weights_read_gbps": read_gbps,
     }
     for name, per_task in times.items():
         for task, runs in per_task.items():
@@ -322,14 +357,19 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
             result[f"{task}_tokens_per_s_{name}"] = work[task] / wall
             result[f"{task}_cpu_seconds_{name}"] = cpu
             result[f"{task}_seconds_all_{name}"] = [round(w, 4) for w, _ in runs]
-    for name, flops in train_flops.items():
-        result[f"train_gflop_per_step_{name}"] = flops / 1e9
+    for name, per_task in flops.items():
+        result[f"train_gflop_per_step_{name}"] = per_task["train"] / 1e9
+        result[f"decode_mflop_per_step_{name}"] = per_task["decode"] / 1e6
     if not skip_reference:
-        # The training ratio a step could reach if all its FLOPs ran at the matmul peak above: an
-        # upper bound (the reference does at least these FLOPs, its attention more).
-        reference_step = work["train"] / result["train_tokens_per_s_transformers"]
-        for name, flops in train_flops.items():
-            result[f"train_speedup_bound_{name}"] = reference_step / (flops / (matmul_gflops * 1e9))
+        # The ratios no implementation could beat on this device: the reference's time over ours
+        # with every FLOP at the matmul peak above and, for a decode step, its weights read once at
+        # the rate measured for that many bytes (the reference does at least this work).
+        reference_train = work["train"] / result["train_tokens_per_s_transformers"]
+        reference_step = shape.decode_batch / result["decode_tokens_per_s_transformers"]
+        for name, per_task in flops.items():
+            result[f"train_speedup_bound_{name}"] = reference_train / (per_task["train"] / (matmul_gflops * 1e9))
+            floor = max(per_task["decode"] / (matmul_gflops * 1e9), weight_bytes / (read_gbps * 1e9))
+            result[f"decode_speedup_bound_{name}"] = reference_step / floor
         for name in kernels:
             for task in work:
                 result[f"{task}_speedup_{name}"] = (result[f"{task}_tokens_per_s_{name}"]

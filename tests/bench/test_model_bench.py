@@ -36,3 +36,19 @@ def test_every_task_is_timed_on_both_sides(monkeypatch: pytest.MonkeyPatch):
     assert result["matmul_peak_gflops"] > 0
     at_peak = result["train_gflop_per_step_cpu"] / result["matmul_peak_gflops"]
     assert result["train_speedup_bound_cpu"] == pytest.approx(64 / result["train_tokens_per_s_transformers"] / at_peak)
+    # A decode step: 2 FLOPs per weight per row (the tied table is the head), plus its attention.
+    assert 0.9 * 2 * params * 2 < result["decode_mflop_per_step_cpu"] * 1e6 < 3 * 2 * params * 2
+    assert result["decode_weight_mib"] * 2**20 == 4 * params  # float32, the tied table read once as the head
+    floor = max(result["decode_mflop_per_step_cpu"] / 1e3 / result["matmul_peak_gflops"],
+                result["decode_weight_mib"] * 2**20 / 1e9 / result["weights_read_gbps"])
+    assert result["decode_speedup_bound_cpu"] == pytest.approx(2 / result["decode_tokens_per_s_transformers"] / floor)
+
+
+def test_decode_weight_bytes_leave_out_an_untied_input_table():
+    """A decode step reads the batch's rows of an untied input embedding, all of every other weight."""
+    for tied in (True, False):
+        config = ModelConfig.tiny_qwen3_5(vocab_size=96, hidden_size=32, tie_word_embeddings=tied)
+        model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
+        every = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+        table = model.model.embed_tokens.weight[...].nbytes
+        assert bench._decode_weight_bytes(config) == (every if tied else every - table)
