@@ -29,10 +29,10 @@ slows a run down. The JSON carries every round, the CPU seconds of the best ones
 less tied to load) and the load averages around the run: a figure counts only from a quiet machine.
 It also carries the FLOPs of a training step and of a decode step (XLA's cost analysis), the
 device's matmul rate, the bytes of weights a decode step reads and the rate XLA reads that many
-bytes, and from them the ratios no implementation could beat on this machine: the reference's time
-over ours with every FLOP at the matmul peak (`train_speedup_bound_*`), and for a decode step the
-larger of that and its weights read once (`decode_speedup_bound_*`); and the host allocator
-(`intraskill_jax/allocator.py`; the benchmark picks it as `intraskill` does).
+bytes, and from them the ratios no implementation could beat at the rates measured here: the
+reference's time over ours with every FLOP at the matmul peak (`train_speedup_bound_*`), and for a
+decode step the larger of that and its weights read once (`decode_speedup_bound_*`); and the host
+allocator (`intraskill_jax/allocator.py`; the benchmark picks it as `intraskill` does).
 """
 
 from __future__ import annotations
@@ -361,9 +361,9 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
         result[f"train_gflop_per_step_{name}"] = per_task["train"] / 1e9
         result[f"decode_mflop_per_step_{name}"] = per_task["decode"] / 1e6
     if not skip_reference:
-        # The ratios no implementation could beat on this device: the reference's time over ours
-        # with every FLOP at the matmul peak above and, for a decode step, its weights read once at
-        # the rate measured for that many bytes (the reference does at least this work).
+        # The ratios no implementation could beat at the rates measured: the reference's time over
+        # ours with every FLOP at the matmul peak above and, for a decode step, its weights read once
+        # at the rate measured for that many bytes (the reference does at least this work).
         reference_train = work["train"] / result["train_tokens_per_s_transformers"]
         reference_step = shape.decode_batch / result["decode_tokens_per_s_transformers"]
         for name, per_task in flops.items():
