@@ -263,13 +263,14 @@ def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots
         v = jax.lax.dynamic_slice_in_dim(value, start, block_size, axis=2).astype(jnp.float32)
         valid = jax.lax.dynamic_slice_in_dim(key_valid, start, block_size, axis=1)
         slots = start + jnp.arange(block_size)
-        mask = (slots >= i * block_size)[None, None, :] & (slots[None, None, :] <= query_slots[:, :, None])
+        mask = ((slots >= i * block_size)[None, None, :] & (slots[None, None, :] <= query_slots[:, :, None])
+                & valid[:, None, :])  # [B, T, block]
         # Masked slots get the lowest float added (an additive mask: XLA:CPU fuses it into the
         # product; selecting instead materialised the block's scores once more, ~1.4x slower at
         # the quickstart's turn shapes). A real query holds slot 0 of its row, so block 0 gives it a
         # finite maximum and every masked slot then weighs exp(~-3e38) = 0; a padding query, with
         # no slot at all, weighs every slot alike and stays finite.
-        bias = jnp.where(mask & valid[:, None, :], 0.0, neg)[:, None, None]  # [B, 1, 1, T, block]
+        bias = jnp.where(mask, 0.0, neg)[:, None, None]  # [B, 1, 1, T, block]
         scores = jnp.einsum("btkgd,bksd->bkgts", qg, k) + bias
         m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
         p = jnp.exp(scores - m_new[..., None])
