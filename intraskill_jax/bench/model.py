@@ -31,7 +31,8 @@ It also carries the FLOPs of a training step and of a decode step (XLA's cost an
 device's matmul rate, the bytes of weights a decode step reads and the rate XLA reads that many
 bytes, and from them the ratios no implementation could beat at the rates measured here: the
 reference's time over ours with every FLOP at the matmul peak (`train_speedup_bound_*`), and for a
-decode step the larger of that and its weights read once (`decode_speedup_bound_*`); and the host
+decode step the largest of that, its weights read once, and its weight products at their own shapes
+run on their own (`decode_products_us_per_step_*`; `decode_speedup_bound_*`); and the host
 allocator (`intraskill_jax/allocator.py`; the benchmark picks it as `intraskill` does).
 """
 
@@ -66,6 +67,7 @@ from intraskill_jax.models import (
     init_cache,
     logprobs_from_hidden,
 )
+from intraskill_jax.models.layers import Linear
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +143,9 @@ def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt:
           history: np.ndarray) -> tuple[dict[str, Task], dict[str, float]]:
     """The sampler's own jitted `prefill` and `decode` (rollout/jax_sampler.py: last-position logits, the
     sampling and stop checks of every step), greedy, and the trainer's token-logprob loss; warmed up.
-    Also the FLOPs of a training step and of one decode step (one token per row onto the cache, the
-    head included), by XLA's cost analysis of the lowered programs."""
+    Also what bounds them from below: the FLOPs of a training step and of one decode step (one token
+    per row onto the cache, the head included), by XLA's cost analysis of the lowered programs, and
+    the seconds a decode step's weight products take on their own (`_decode_products_seconds`)."""
     from intraskill_jax.rollout import jax_sampler
 
     model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
@@ -194,7 +197,46 @@ def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt:
         task()
     one_step = jax_sampler.prefill.lower(graphdef, state, init_cache(config, b, p + shape.new_tokens),
                                          prompt_ids[:, :1], mask[:, :1])
-    return tasks, {"train": _flops(train_step.lower(p_train, ids)), "decode": _flops(one_step)}
+    return tasks, {"train": _flops(train_step.lower(p_train, ids)), "decode": _flops(one_step),
+                   "decode_products": _decode_products_seconds(nnx.merge(graphdef, state), b)}
+
+
+def _decode_products(sampling_model: nnx.Module, rows: int, passes: int) -> tuple[Callable[..., jax.Array], tuple]:
+    """A decode step's weight products alone, `passes` times in a loop, and its arguments: each linear
+    layer's and the head's product for `rows` rows, at their shapes and in the layout the sampler
+    reads them, in one chain (each product reads the last one's output, sliced or tiled to its
+    width). The weights are 0/1 selections of their shape: values never grow, shrink or turn
+    denormal, and a dense product's cost does not depend on them."""
+    layouts = []  # (weight, "io" for [in, out] or "oi" for HF's [out, in]); the head (an untied one is a Linear too) last
+    for _, module in nnx.iter_modules(sampling_model.model):
+        if isinstance(module, Linear):
+            layouts.append((module.weight[...], "oi") if module.weight_t is None else (module.weight_t[...], "io"))
+    head_t = sampling_model.output_embedding_t
+    layouts.append((sampling_model.output_embedding(), "oi") if head_t is None else (head_t[...], "io"))
+    specs = [spec for _, spec in layouts]
+    hidden = sampling_model.config.hidden_size
+
+    def fit(x: jax.Array, width: int) -> jax.Array:
+        return jnp.tile(x, (1, -(-width // x.shape[1])))[:, :width]
+
+    def step(_, carry: tuple[jax.Array, list[jax.Array]]) -> tuple[jax.Array, list[jax.Array]]:
+        x, weights = carry
+        for spec, w in zip(specs, weights):
+            x = jnp.einsum(f"bi,{spec}->bo", fit(x, w.shape[spec.index("i")]), w)
+        return fit(x, hidden), weights
+
+    chain = jax.jit(lambda x, weights: jax.lax.fori_loop(0, passes, step, (x, weights))[0])
+    eyes = [jnp.eye(*w.shape, dtype=w.dtype) for w, _ in layouts]
+    return chain, (jnp.ones((rows, hidden), eyes[0].dtype), eyes)
+
+
+def _decode_products_seconds(sampling_model: nnx.Module, rows: int, repeats: int = 5, passes: int = 20) -> float:
+    """Seconds one decode step of `rows` rows spends in its weight products run on their own
+    (`_decode_products`), best of `repeats` loops of `passes`. No decode step can take less: it runs
+    these products and more (attention, recurrences, norms, sampling)."""
+    chain, args = _decode_products(sampling_model, rows, passes)
+    jax.block_until_ready(chain(*args))
+    return min(_timed(lambda: jax.block_until_ready(chain(*args)))[0] for _ in range(repeats)) / passes
 
 
 def _decode_weight_bytes(config: ModelConfig) -> int:
@@ -315,9 +357,9 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
     prompt = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.prompt), dtype=np.int64)
     history = rng.integers(0, config.vocab_size, (shape.decode_batch, shape.history), dtype=np.int64)
     sides: dict[str, dict[str, Task]] = {}
-    flops: dict[str, dict[str, float]] = {}
+    costs: dict[str, dict[str, float]] = {}  # per kernel set: FLOPs and seconds that bound ours below
     for name in kernels:
-        sides[name], flops[name] = _ours(dataclasses.replace(config, **KERNELS[name]), shape,
+        sides[name], costs[name] = _ours(dataclasses.replace(config, **KERNELS[name]), shape,
                                          train_ids.astype(np.int32), prompt.astype(np.int32),
                                          history.astype(np.int32))
     matmul_gflops = _matmul_gflops(config.compute_dtype)
@@ -357,18 +399,21 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
             result[f"{task}_tokens_per_s_{name}"] = work[task] / wall
             result[f"{task}_cpu_seconds_{name}"] = cpu
             result[f"{task}_seconds_all_{name}"] = [round(w, 4) for w, _ in runs]
-    for name, per_task in flops.items():
+    for name, per_task in costs.items():
         result[f"train_gflop_per_step_{name}"] = per_task["train"] / 1e9
         result[f"decode_mflop_per_step_{name}"] = per_task["decode"] / 1e6
+        result[f"decode_products_us_per_step_{name}"] = per_task["decode_products"] * 1e6
     if not skip_reference:
         # The ratios no implementation could beat at the rates measured: the reference's time over
-        # ours with every FLOP at the matmul peak above and, for a decode step, its weights read once
-        # at the rate measured for that many bytes (the reference does at least this work).
+        # ours with every FLOP at the matmul peak above and, for a decode step, the largest of that,
+        # its weights read once at the rate measured for that many bytes, and its weight products
+        # run on their own (the reference does at least this work).
         reference_train = work["train"] / result["train_tokens_per_s_transformers"]
         reference_step = shape.decode_batch / result["decode_tokens_per_s_transformers"]
-        for name, per_task in flops.items():
+        for name, per_task in costs.items():
             result[f"train_speedup_bound_{name}"] = reference_train / (per_task["train"] / (matmul_gflops * 1e9))
-            floor = max(per_task["decode"] / (matmul_gflops * 1e9), weight_bytes / (read_gbps * 1e9))
+            floor = max(per_task["decode"] / (matmul_gflops * 1e9), weight_bytes / (read_gbps * 1e9),
+                        per_task["decode_products"])
             result[f"decode_speedup_bound_{name}"] = reference_step / floor
         for name in kernels:
             for task in work:

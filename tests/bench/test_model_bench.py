@@ -7,6 +7,7 @@ from flax import nnx
 
 from intraskill_jax.bench import model as bench
 from intraskill_jax.models import ModelConfig, Qwen3_5ForCausalLM
+from intraskill_jax.rollout.jax_sampler import for_sampling
 
 
 def test_every_task_is_timed_on_both_sides(monkeypatch: pytest.MonkeyPatch):
@@ -39,8 +40,10 @@ def test_every_task_is_timed_on_both_sides(monkeypatch: pytest.MonkeyPatch):
     # A decode step: 2 FLOPs per weight per row (the tied table is the head), plus its attention.
     assert 0.9 * 2 * params * 2 < result["decode_mflop_per_step_cpu"] * 1e6 < 3 * 2 * params * 2
     assert result["decode_weight_mib"] * 2**20 == 4 * params  # float32, the tied table read once as the head
+    assert result["decode_products_us_per_step_cpu"] > 0
     floor = max(result["decode_mflop_per_step_cpu"] / 1e3 / result["matmul_peak_gflops"],
-                result["decode_weight_mib"] * 2**20 / 1e9 / result["weights_read_gbps"])
+                result["decode_weight_mib"] * 2**20 / 1e9 / result["weights_read_gbps"],
+                result["decode_products_us_per_step_cpu"] / 1e6)
     assert result["decode_speedup_bound_cpu"] == pytest.approx(2 / result["decode_tokens_per_s_transformers"] / floor)
 
 
@@ -52,3 +55,20 @@ def test_decode_weight_bytes_leave_out_an_untied_input_table():
         every = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
         table = model.model.embed_tokens.weight[...].nbytes
         assert bench._decode_weight_bytes(config) == (every if tied else every - table)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("transposed", [True, False])
+def test_decode_products_run_every_weight_product_of_a_step_once(tied: bool, transposed: bool):
+    """The decode floor's chain multiplies each row by every matrix a step reads once: 2 FLOPs per
+    entry per row, whichever layout the sampler reads (every 2-D parameter; an untied input table
+    is read by row, not multiplied)."""
+    config = ModelConfig.tiny_qwen3_5(vocab_size=96, hidden_size=32, tie_word_embeddings=tied,
+                                      transpose_decode_weights=transposed)
+    model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
+    matrices = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)) if x.ndim == 2)
+    if not tied:
+        matrices -= model.model.embed_tokens.weight[...].size
+    chain, args = bench._decode_products(for_sampling(model), rows=3, passes=4)
+    assert bench._flops(chain.lower(*args)) == pytest.approx(2 * 3 * matrices, rel=1e-3)  # one pass counted
+    assert chain(*args).shape == (3, 32)
