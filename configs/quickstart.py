@@ -51,7 +51,7 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.policy.chat_template = "compact"
     c.policy.gdn_chunk_size = 16  # CPU: smaller DeltaNet chunks and blocked attention are ~2x faster
     c.policy.attention_block_size = 128
-    c.policy.cache_block_size = 256  # CPU: a turn's prefill reads only the cache blocks in use (README, Models)
+    c.policy.cache_block_size = 512  # CPU: a turn's prefill reads only the cache blocks in use (README, Models)
     c.policy.transpose_decode_weights = True  # CPU: the sampler reads [in, out] weight copies (README, Models)
     # Four product types of 240 near-identical items: a policy that cannot yet read the request
     # searches the right type one time in four, so its groups' loose rewards vary (see README).

@@ -20,7 +20,7 @@ Both sides get the same architecture, batch and token ids (random weights each).
     exactly), tokens/s = batch x prompt / time.
 Ours runs once per kernel set (`--kernels`): `default` (DeltaNet chunks of 64, one fused
 attention: the GPU/TPU shapes) and `cpu` (chunks of 16, causal attention in query blocks of 128,
-the decode cache read in blocks of 256 slots, the sampler reading [in, out] weight copies: what the
+the decode cache read in blocks of 512 slots, the sampler reading [in, out] weight copies: what the
 CPU quickstart uses). Decode's cache holds exactly prompt + new tokens; `turn` shows the sampler's
 cache partly filled, as rollouts run it.
 Everything is warmed up first (compilation excluded), then timed in alternating rounds, ours and
@@ -115,7 +115,7 @@ SIZES: dict[str, tuple[Callable[[], ModelConfig], BenchShape]] = {
 KERNELS: dict[str, dict[str, int | bool]] = {
     "default": {"gdn_chunk_size": 64, "attention_block_size": 0, "cache_block_size": 0,
                 "transpose_decode_weights": False},
-    "cpu": {"gdn_chunk_size": 16, "attention_block_size": 128, "cache_block_size": 256,
+    "cpu": {"gdn_chunk_size": 16, "attention_block_size": 128, "cache_block_size": 512,
             "transpose_decode_weights": True},
 }
 

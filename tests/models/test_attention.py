@@ -29,11 +29,13 @@ def reference(q, k, v, query_slots, key_valid, scale):
 @pytest.mark.parametrize("t", [1, 5])
 @pytest.mark.parametrize("block_size", [8, 16, 64])
 @pytest.mark.parametrize("longest", [12, 39])
-def test_blocked_cache_attention_matches_reference(t, block_size, longest):
+@pytest.mark.parametrize("group_rows", [None, 1, 2])
+def test_blocked_cache_attention_matches_reference(t, block_size, longest, group_rows):
     """Rows at different lengths (one idle: all its queries padding), holes in the valid slots, a
     cache of 40 slots that blocks of 16 do not divide (the last block overhangs), blocks larger
     than the cache; the longest row short (a decode step loops over blocks) or near the end of the
-    cache (a decode step reads it in one pass)."""
+    cache (a decode step reads it in one pass); several new tokens per row taken all rows at once,
+    one row or two rows at a time (each group reading its own rows' blocks in use)."""
     rng = np.random.default_rng(0)
     b, h, kvh, d, s = 4, 4, 2, 8, 40
     q = rng.normal(size=(b, t, h, d)).astype(np.float32)
@@ -47,7 +49,8 @@ def test_blocked_cache_attention_matches_reference(t, block_size, longest):
     key_valid[2, 1:4] = False  # slots of padding never written
     key_valid[3] = False
     got = np.asarray(cached_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(query_slots),
-                                      jnp.asarray(key_valid), block_size=block_size, scale=d**-0.5))
+                                      jnp.asarray(key_valid), block_size=block_size, scale=d**-0.5,
+                                      score_bytes=group_rows and group_rows * h * t * min(block_size, s) * 4))
     want = reference(q, k, v, query_slots, key_valid, d**-0.5)
     real = ~np.isnan(want)
     assert real.sum() == h * d * (3 * t - 1) and np.isfinite(got).all()

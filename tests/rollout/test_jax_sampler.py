@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from intraskill_jax.models import causal_lm_class, token_logprobs
+from intraskill_jax.models import layers
 from intraskill_jax.models.layers import Linear
 from intraskill_jax.rollout.base import GenerateRequest, SamplingParams
 from intraskill_jax.rollout.jax_sampler import JaxSampler
@@ -99,10 +100,15 @@ def test_a_model_with_scan_layers_samples_as_the_model_without(model):
     assert_greedy_as_reference(variant(model, scan_layers=True, remat="full"), model, 5)
 
 
-def test_a_model_reading_its_cache_in_blocks_samples_as_the_model_without(model):
+@pytest.mark.parametrize("rows_at_once", ["all", "one"])
+def test_a_model_reading_its_cache_in_blocks_samples_as_the_model_without(model, rows_at_once, monkeypatch):
     # The CPU configs read the decode cache in blocks up to the last slot in use
-    # (policy.cache_block_size); 24 does not divide the 160-slot cache, so the last block overhangs.
-    sampler = JaxSampler(variant(model, cache_block_size=24), small())
+    # (policy.cache_block_size); 24 and 20 do not divide the 160-slot cache, so the last block
+    # overhangs. A turn's prefill takes the rows all at once or, with the scores' budget at one
+    # byte, one at a time (a block size of its own: programs are cached per model structure).
+    if rows_at_once == "one":
+        monkeypatch.setattr(layers, "CACHE_BLOCK_SCORE_BYTES", 1)
+    sampler = JaxSampler(variant(model, cache_block_size=24 if rows_at_once == "all" else 20), small())
     params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
     history = dict(zip("AB", prompts(6, 2, 10, 30), strict=True))
     for turn in range(4):
