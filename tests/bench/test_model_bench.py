@@ -45,8 +45,6 @@ def test_every_task_is_timed_on_both_sides(monkeypatch: pytest.MonkeyPatch):
     reference_step = 2 / result["decode_tokens_per_s_transformers"]
     assert result["decode_speedup_bound_cpu"] == pytest.approx(reference_step / floor)
     assert result["decode_products_us_per_step_cpu"] > 0
-    assert result["decode_speedup_products_only_cpu"] == pytest.approx(
-        reference_step / (result["decode_products_us_per_step_cpu"] / 1e6))
 
 
 def test_decode_weight_bytes_leave_out_an_untied_input_table():
