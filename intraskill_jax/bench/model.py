@@ -210,7 +210,9 @@ def _decode_products(sampling_model: nnx.Module, rows: int, passes: int) -> tupl
     reads them, in one chain (each product reads the last one's output, sliced or tiled to its
     width). The weights are 0/1 selections of their shape: values never grow, shrink or turn
     denormal, and a dense product's cost does not depend on them."""
-    layouts = []  # (weight, "io" for [in, out] or "oi" for HF's [out, in]); the head (an untied one is a Linear too) last
+    # (weight, "io" for [in, out] or "oi" for HF's [out, in]): the layers' linears, then the head
+    # (an untied head is a Linear too, outside `.model`).
+    layouts = []
     for _, module in nnx.iter_modules(sampling_model.model):
         if isinstance(module, Linear):
             layouts.append((module.weight[...], "oi") if module.weight_t is None else (module.weight_t[...], "io"))

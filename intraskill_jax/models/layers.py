@@ -247,13 +247,13 @@ def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots
 
     With several new tokens per row, the rows are taken a few at a time (a divisor of B), as many as
     keep one block's scores (rows x H x T x block_size floats) within `score_bytes` (default
-    `CACHE_BLOCK_SCORE_BYTES`), each group
-    reading only its own rows' blocks in use. At the quickstart's turn shapes (CPU; 32 rows of 128
-    queries over 1,024 of 2,048 slots, blocks of 512) all rows at once wrote 34 MB of scores per
-    block, which each pass of the softmax read back from memory: 72 ms; four rows at a time, 40 ms.
+    `CACHE_BLOCK_SCORE_BYTES`), each group reading only its own rows' blocks in use. At the
+    quickstart's turn shapes (CPU; 32 rows of 128 queries over 1,024 of 2,048 slots, blocks of 512)
+    all rows at once wrote 34 MB of scores per block, which each pass of the softmax read back from
+    memory: 72 ms; four rows at a time, 40 ms.
     """
 
-    def whole(_=None):
+    def whole():
         return _grouped_attention(q, key, value, attention_mask(query_slots, key_valid)[:, :, None], scale=scale,
                                   kv_layout="bksd")
 
