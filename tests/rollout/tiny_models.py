@@ -19,4 +19,10 @@ def make_model(family):
     keys = jax.random.split(jax.random.key(1), len(leaves))
     leaves = [x + 0.3 * jax.random.normal(k, x.shape, x.dtype) if x.ndim <= 1 else x for x, k in zip(leaves, keys)]
     nnx.update(model, jax.tree.unflatten(tree, leaves))
+    if family == "qwen3":
+        # At the default init the dense model's residual stream is its token's own embedding, so with
+        # tied embeddings greedy decoding repeats the last token whatever attention returns; larger
+        # layer weights (8x) make the next token depend on the context, so the tests can fail.
+        layers = nnx.state(model.model.layers, nnx.Param)
+        nnx.update(model.model.layers, jax.tree.map(lambda x: 8.0 * x if x.ndim == 2 else x, layers))
     return model
