@@ -34,7 +34,7 @@ reference's time over ours with every FLOP at the matmul peak (`train_speedup_bo
 decode step the larger of that and its weights read once (`decode_speedup_bound_*`); and the time
 of a decode step's weight products at their own shapes, chained on their own with the slices that
 link them (`decode_products_us_per_step_*`: an estimate of what a step spends in them, not a bound;
-ours has run at 0.85-1.05x of it at the small size). The rates and the products are probed in every
+ours has run at 0.85-1.08x of it at the small size). The rates and the products are probed in every
 round (best kept), as the tasks are timed. And the host
 allocator (`intraskill_jax/allocator.py`; the benchmark picks it as `intraskill` does).
 """

@@ -60,7 +60,7 @@ def test_decode_weight_bytes_leave_out_an_untied_input_table():
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("transposed", [True, False])
 def test_decode_products_run_every_weight_product_of_a_step_once(tied: bool, transposed: bool):
-    """The decode floor's chain multiplies each row by every matrix a step reads once: 2 FLOPs per
+    """The decode products' chain multiplies each row by every matrix a step reads once: 2 FLOPs per
     entry per row, whichever layout the sampler reads (every 2-D parameter; an untied input table
     is read by row, not multiplied)."""
     config = ModelConfig.tiny_qwen3_5(vocab_size=96, hidden_size=32, tie_word_embeddings=tied,
