@@ -1,9 +1,17 @@
 """GRPO numerics against an independent NumPy reference on random inputs."""
 
+import jax
 import numpy as np
 import pytest
 
-from intraskill_jax.rl.grpo import LossConfig, group_advantages, nonzero_variance_groups, policy_loss, sum_metrics
+from intraskill_jax.rl.grpo import (
+    LossConfig,
+    group_advantages,
+    kl_penalty,
+    nonzero_variance_groups,
+    policy_loss,
+    sum_metrics,
+)
 
 
 def np_advantages(r, g, scale):
@@ -127,3 +135,25 @@ def test_bad_configs_are_rejected():
     lp, old, _, _, adv, mask = random_batch(0)
     with pytest.raises(ValueError, match="ref_logprobs"):
         policy_loss(lp, old, adv, mask, LossConfig(kl_coef=0.1))
+
+
+def np_kl(lp, ref, estimator):
+    """The estimators as the papers write them: k3 is the GRPO paper's ref/pi - log(ref/pi) - 1."""
+    ratio = np.exp(ref.astype(np.float64) - lp.astype(np.float64))  # ref / pi of the sampled token
+    return {"k1": -np.log(ratio), "k2": 0.5 * np.log(ratio) ** 2, "k3": ratio - np.log(ratio) - 1}[estimator]
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_estimators_match_numpy(estimator):
+    lp, _, _, ref, _, _ = random_batch(3)
+    ref = ref + np.random.default_rng(4).normal(0, 1.0, ref.shape).astype(np.float32)  # also far from pi
+    np.testing.assert_allclose(kl_penalty(lp, ref, estimator), np_kl(lp, ref, estimator), rtol=1e-5, atol=1e-6)
+
+
+def test_k3_is_nonnegative_zero_at_the_reference_and_its_gradient_is_one_minus_the_ratio():
+    lp, _, _, ref, _, _ = random_batch(5)
+    k3 = np.asarray(kl_penalty(lp, ref, "k3"))
+    assert (k3 >= 0).all() and np.all(np.asarray(kl_penalty(lp, lp, "k3")) == 0)
+    # d k3 / d log pi = 1 - ref/pi: pulls pi down where it exceeds ref, up where it falls short.
+    grad = jax.grad(lambda x: kl_penalty(x, ref, "k3").sum())(lp)
+    np.testing.assert_allclose(grad, 1 - np.exp(ref - lp), rtol=1e-5, atol=1e-6)
