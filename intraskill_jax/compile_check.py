@@ -48,7 +48,7 @@ from sim import flagparse
 
 from intraskill_jax import runconfig
 from intraskill_jax.agent.trajectory import bucket_length
-from intraskill_jax.models import ModelConfig, causal_lm_class, init_cache
+from intraskill_jax.models import ModelConfig, causal_lm_class, config_from_file, init_cache
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.rl.train_step import (
     LogprobFn,
@@ -154,7 +154,7 @@ def model_config(config: runconfig.RunConfig) -> tuple[ModelConfig, str]:
         return ModelConfig.tiny_qwen3_5(**{**init, **overrides}), "the fresh tiny policy (policy.init)"
     path = runconfig.resolve_repo_path(p.path)
     if (path / "config.json").is_file():
-        return ModelConfig.from_json_file(path, **overrides), f"{path}/config.json"
+        return config_from_file(path, **overrides), f"{path}/config.json"
     # The study's configs name a checkpoint directory that is not on this machine; its name says
     # which published architecture it holds.
     published = {"Qwen3.5-4B": ModelConfig.qwen3_5_4b, "Qwen3-4B": ModelConfig.qwen3_4b}

@@ -174,3 +174,22 @@ def test_a_tensor_axis_that_splits_the_chip_grid_makes_a_mesh():
     mesh = sharding_lib.make_mesh(sharding_lib.MeshConfig(fsdp=-1, tensor=2), devices)
     assert dict(mesh.shape) == {"data": 1, "fsdp": 32, "tensor": 2}
     assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+
+
+@needs_libtpu
+def test_a_llama_checkpoint_compiles_for_the_slice(tmp_path):
+    """policy.path naming a Llama checkpoint: every program compiles on the 4 chips and holds the
+    parameters the rules predict (no q/k norms, untied head)."""
+    import json
+
+    from intraskill_jax.models import hf_config
+
+    llama = ModelConfig.tiny_llama(vocab_size=256)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(llama)))
+    config = tiny_config(**{"policy.path": str(tmp_path)})
+    report = compile_check.check(config, compile_check.parse_topology("v5p:2x2x1"))
+    model_config, source = compile_check.model_config(config)
+    assert model_config.family == "llama" and source == f"{tmp_path}/config.json"
+    params = predicted_param_bytes(model_config, report.mesh)
+    for program in report.programs:
+        assert program.fits and program.error is None and program.arguments["params"] == params, program.name

@@ -67,6 +67,7 @@ from intraskill_jax import allocator
 from intraskill_jax.models import (
     ModelConfig,
     Qwen3_5ForCausalLM,
+    hf_config,
     init_cache,
     logprobs_from_hidden,
 )
@@ -88,8 +89,8 @@ class BenchShape:
 
 SIZES: dict[str, tuple[Callable[[], ModelConfig], BenchShape]] = {
     "small": (
-        lambda: ModelConfig(
-            family="qwen3_5", vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+        lambda: ModelConfig.tiny_qwen3_5(
+            vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=1e7, partial_rotary_factor=0.25,
             linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32,
             linear_conv_kernel_dim=4, tie_word_embeddings=True, dtype="float32", param_dtype="float32",
@@ -285,7 +286,7 @@ def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, pr
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, config.dtype)
-    hf = config.to_hf_dict()
+    hf = hf_config(config)
     hf.pop("model_type"), hf.pop("architectures")
     torch.manual_seed(0)
     model = HFModel(Qwen3_5TextConfig(**hf)).to(device=device, dtype=dtype)
@@ -394,7 +395,7 @@ def run(size: str = "small", kernels: tuple[str, ...] = tuple(KERNELS), rounds: 
         "device": f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind} x{jax.device_count()}",
         "config": {
             "size": size, **dataclasses.asdict(shape), "rounds": rounds,
-            **{k: v for k, v in config.to_hf_dict().items()
+            **{k: v for k, v in hf_config(config).items()
                if k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "layer_types")},
             "dtype": config.dtype, "remat": config.remat, "kernels": {n: KERNELS[n] for n in kernels},
             "threads": os.cpu_count(), "load_average_before": load_before, "load_average_after": load_after,

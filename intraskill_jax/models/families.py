@@ -1,9 +1,11 @@
 """The registry of model families: the one place that lists them.
 
 A new family is a folder under `models/` whose `__init__.py` defines `FAMILY` (a
-`models.family.Family`), plus its line in `_REGISTERED`. `ModelConfig`, the loader and saver in
-`models/params.py`, `causal_lm_class` and the run config (the agent's tool-call format) find it
-here, by `ModelConfig.family` or by a config.json's `model_type`.
+`models.family.Family`), plus its line in `_REGISTERED`. The config.json conversion
+(`config_from_hf`, `hf_config`), the loader and saver in `models/params.py`, `causal_lm_class` and
+the run config (the agent's tool-call format) find it here, by `ModelConfig.family` or by a
+config.json's `model_type`. Nothing a family imports imports this module, so the registry sits
+above the families and `models/config.py` below them, with no import circle.
 """
 
 from __future__ import annotations
@@ -11,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from intraskill_jax.models import qwen3, qwen3_5
+import os
+
+from intraskill_jax.models import llama, qwen3, qwen3_5
+from intraskill_jax.models.config import ModelConfig, read_hf_config
 from intraskill_jax.models.family import Family
 
 _REGISTERED: tuple[Family, ...] = (
     qwen3_5.FAMILY,
     qwen3.FAMILY,
+    llama.FAMILY,
 )
 
 
@@ -64,3 +70,21 @@ def family_for_hf(hf_config: Mapping[str, Any]) -> Family:
             "(qwen3_5_moe, qwen3_next) are not built."
         )
     return family
+
+
+def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
+    """The `ModelConfig` of a parsed HF config.json (the family its `model_type` names);
+    `overrides` set our own fields (numerics, kernel shapes)."""
+    family = family_for_hf(hf)
+    return ModelConfig(**{"family": family.name, **family.fields_from_hf(hf), **overrides})
+
+
+def config_from_file(path: str | os.PathLike, **overrides: Any) -> ModelConfig:
+    """`config_from_hf` of the config.json at `path` (a checkpoint directory or the file)."""
+    return config_from_hf(read_hf_config(path), **overrides)
+
+
+def hf_config(config: ModelConfig) -> dict[str, Any]:
+    """The text-only HF config.json of `config` (its family's first `model_type`)."""
+    family = get_family(config.family)
+    return {"model_type": family.model_types[0], "architectures": [family.architectures[0]], **family.to_hf(config)}

@@ -16,6 +16,7 @@ from flax import nnx
 from flax.core import spmd
 
 from intraskill_jax.models import sharding
+from intraskill_jax.models.config import RopeScaling
 
 Axes = tuple[str | None, ...]
 
@@ -138,19 +139,20 @@ class GatedRMSNorm(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) · up(x)), no biases."""
+    """SwiGLU: down(silu(gate(x)) · up(x)), biases only when `use_bias` (Llama's mlp_bias)."""
 
     def __init__(
         self,
         hidden: int,
         intermediate: int,
         *,
+        use_bias: bool = False,
         dtype: jnp.dtype,
         param_dtype: jnp.dtype,
         init_std: float,
         rngs: nnx.Rngs,
     ):
-        kw = {"dtype": dtype, "param_dtype": param_dtype, "init_std": init_std, "rngs": rngs}
+        kw = {"use_bias": use_bias, "dtype": dtype, "param_dtype": param_dtype, "init_std": init_std, "rngs": rngs}
         self.gate_proj = Linear(hidden, intermediate, axes=("mlp", "embed"), **kw)
         self.up_proj = Linear(hidden, intermediate, axes=("mlp", "embed"), **kw)
         self.down_proj = Linear(intermediate, hidden, axes=("embed", "mlp"), **kw)
@@ -162,14 +164,17 @@ class MLP(nnx.Module):
 
 # --------------------------------------------------------------------------- rotary embedding
 def rope_cos_sin(
-    positions: jax.Array, rotary_dim: int, theta: float
+    positions: jax.Array, rotary_dim: int, theta: float, scaling: RopeScaling | None = None
 ) -> tuple[jax.Array, jax.Array]:
     """NeoX RoPE tables for integer positions [B, T]: cos, sin of shape [B, T, rotary_dim].
 
-    inv_freq_j = theta^(-2j / rotary_dim), j < rotary_dim/2, duplicated to rotary_dim. With
-    text-only inputs Qwen3.5's interleaved M-RoPE has three equal position rows and reduces to this.
+    inv_freq_j = theta^(-2j / rotary_dim), j < rotary_dim/2, duplicated to rotary_dim, then
+    rescaled by a long-context checkpoint's `scaling`. With text-only inputs Qwen3.5's interleaved
+    M-RoPE has three equal position rows and reduces to this.
     """
     inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+    if scaling is not None:
+        inv_freq = scaling.scale(inv_freq)
     freqs = positions.astype(jnp.float32)[..., None] * inv_freq
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb), jnp.sin(emb)
@@ -344,7 +349,7 @@ def _blocked_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, que
 
 
 class Attention(nnx.Module):
-    """Grouped-query softmax attention with q/k RMSNorm and (partial) RoPE.
+    """Grouped-query softmax attention with (partial) RoPE, q/k RMSNorm when `qk_norm` (Qwen).
 
     With `output_gate` (Qwen3.5), q_proj emits per head [query (D) | gate (D)] and the attention
     output is multiplied by sigmoid(gate) before o_proj.
@@ -359,6 +364,7 @@ class Attention(nnx.Module):
         head_dim: int,
         output_gate: bool,
         zero_centered_norm: bool,
+        qk_norm: bool = True,
         eps: float,
         use_bias: bool,
         dtype: jnp.dtype,
@@ -385,8 +391,8 @@ class Attention(nnx.Module):
         self.v_proj = Linear(hidden, num_kv_heads * head_dim, axes=("kv_heads_dim", "embed"), **kw)
         self.o_proj = Linear(num_heads * head_dim, hidden, axes=("embed", "q_heads_dim"), **kw)
         norm_kw = {"eps": eps, "zero_centered": zero_centered_norm, "param_dtype": param_dtype}
-        self.q_norm = RMSNorm(head_dim, **norm_kw)
-        self.k_norm = RMSNorm(head_dim, **norm_kw)
+        self.q_norm = RMSNorm(head_dim, **norm_kw) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, **norm_kw) if qk_norm else None
 
     def __call__(
         self,
@@ -416,8 +422,10 @@ class Attention(nnx.Module):
             q, gate = q[..., :d], q[..., d:].reshape(b, t, h * d)
         else:
             q, gate = q.reshape(b, t, h, d), None
-        q = apply_rope(self.q_norm(q), cos, sin)
-        k = apply_rope(self.k_norm(self.k_proj(x).reshape(b, t, kvh, d)), cos, sin)
+        k = self.k_proj(x).reshape(b, t, kvh, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = self.v_proj(x).reshape(b, t, kvh, d)
         q = constrain(q, ("batch", "seq", "heads", None))
 

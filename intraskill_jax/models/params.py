@@ -29,10 +29,10 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from intraskill_jax.errors import CheckpointError
+from intraskill_jax.models import families
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.models.config import ModelConfig, read_hf_config
 from intraskill_jax.models.decoder import CausalLM
-from intraskill_jax.models.families import family_for_hf, get_family
 from intraskill_jax.models.family import Family, KeyMap
 
 logger = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ def checkpoint_family(directory: str | Path) -> Family:
     """The model family of the HF checkpoint in `directory`, from its config.json."""
     hf_config = read_hf_config(directory)
     try:
-        return family_for_hf(hf_config)
+        return families.family_for_hf(hf_config)
     except ValueError as e:
         raise CheckpointError(f"{directory}/config.json: {e}") from None
 
@@ -249,7 +249,7 @@ def load_state(
     graphdef, abstract = sharding_lib.abstract_model(factory, mesh, rules)
     params, _ = nnx.split_state(abstract, nnx.Param, ...)
     flat = {_path_key(path): var for path, var in nnx.to_flat_state(params)}
-    keys = family_for_hf(hf_config).keys
+    keys = families.family_for_hf(hf_config).keys
     mapped = _map_records(
         records, {k: v.get_value() for k, v in flat.items()}, _tied(hf_config), keys, directory
     )
@@ -294,7 +294,7 @@ def save_pretrained(
     Args:
       model: an NNX model whose parameter paths are HF text-model keys.
       directory: output directory, created if needed.
-      hf_config: the HF `config.json` dict (default: `model.config.to_hf_dict()`, text-only);
+      hf_config: the HF `config.json` dict (default: `families.hf_config(model.config)`, text-only);
         a `text_config` entry selects the multimodal layout (`model.language_model.*`).
       max_shard_size: bytes per safetensors file; at most one shard's tensors are on the host.
       dtype: cast parameters to this dtype before writing (default: as stored).
@@ -302,8 +302,8 @@ def save_pretrained(
         are copied from it unchanged, so SGLang or transformers get a complete checkpoint.
     """
     directory = Path(directory)
-    hf_config = model.config.to_hf_dict() if hf_config is None else hf_config
-    family = get_family(model.config.family)
+    hf_config = families.hf_config(model.config) if hf_config is None else hf_config
+    family = families.get_family(model.config.family)
     multimodal = is_multimodal(hf_config)
     if multimodal and family.keys.wrapped_prefix is None:
         raise ValueError(
@@ -393,6 +393,6 @@ def load_pretrained(
         overrides.setdefault("param_dtype", overrides["dtype"])
     if param_dtype is not None:
         overrides["param_dtype"] = np.dtype(param_dtype).name
-    config = ModelConfig.from_hf_dict(read_hf_config(path), **overrides)
-    cls = get_family(config.family).model_class
+    config = families.config_from_hf(read_hf_config(path), **overrides)
+    cls = families.get_family(config.family).model_class
     return load_state(path, lambda: cls(config, rngs=nnx.Rngs(0)), mesh=mesh, rules=rules)

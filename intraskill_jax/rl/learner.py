@@ -33,6 +33,7 @@ from intraskill_jax.agent.trajectory import collate
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.errors import ConfigError
 from intraskill_jax.metrics import MetricsWriter
+from intraskill_jax.models import hf_config
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl.rollouts import Experience, collect
 from intraskill_jax.rl.train_step import (
@@ -135,7 +136,7 @@ class Learner:
         self.retry_fn = retry_fn or (lambda step: None)
         self.checkpoint_extra = checkpoint_extra or dict
         self.mesh = mesh
-        self.hf_config = model.config.to_hf_dict()
+        self.hf_config = hf_config(model.config)
         optim = config.optim
         tx = make_optimizer(optim)
         self.graphdef, self.state = init_train_state(model, tx, mesh=mesh)

@@ -7,13 +7,16 @@ import numpy as np
 import torch
 from flax import nnx
 
-from intraskill_jax.models import ModelConfig, causal_lm_class
+from intraskill_jax.models import ModelConfig, causal_lm_class, hf_config
 
 
 def build_hf_model(config: ModelConfig, seed: int = 0) -> torch.nn.Module:
-    """HF `Qwen3_5ForCausalLM` / `Qwen3ForCausalLM` for `config`, fp32, eager attention, with every
-    norm weight, A_log, dt_bias and bias randomised (default inits hide (1+w) vs w mistakes)."""
+    """HF `Qwen3_5ForCausalLM` / `Qwen3ForCausalLM` / `LlamaForCausalLM` for `config`, fp32, eager
+    attention, with every norm weight, A_log, dt_bias and bias randomised (default inits hide
+    (1+w) vs w mistakes)."""
     from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
         Qwen3_5ForCausalLM,
         Qwen3_5TextConfig,
         Qwen3Config,
@@ -21,18 +24,18 @@ def build_hf_model(config: ModelConfig, seed: int = 0) -> torch.nn.Module:
     )
 
     torch.manual_seed(seed)
-    hf = config.to_hf_dict()
+    hf = hf_config(config)
     hf.pop("model_type"), hf.pop("architectures")
-    if config.family == "qwen3_5":
-        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**hf, attn_implementation="eager"))
-    else:
-        model = Qwen3ForCausalLM(Qwen3Config(**hf, attn_implementation="eager"))
+    classes = {"qwen3_5": (Qwen3_5ForCausalLM, Qwen3_5TextConfig), "qwen3": (Qwen3ForCausalLM, Qwen3Config),
+               "llama": (LlamaForCausalLM, LlamaConfig)}
+    model_class, config_class = classes[config.family]
+    model = model_class(config_class(**hf, attn_implementation="eager"))
     model = model.float().eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                plain = config.family == "qwen3" or name.endswith("linear_attn.norm.weight")
+                plain = config.family != "qwen3_5" or name.endswith("linear_attn.norm.weight")
                 centre = 1.0 if plain else 0.0
                 p.copy_(centre + torch.rand(p.shape, generator=gen) - 0.5)
             elif name.endswith("A_log"):

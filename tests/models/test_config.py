@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from intraskill_jax.models import ModelConfig
+from intraskill_jax.models import ModelConfig, config_from_file, config_from_hf, get_family, hf_config
 
 TEXT_4B = {
     "model_type": "qwen3_5_text",
@@ -66,7 +66,7 @@ QWEN3_4B = {
 
 
 def test_vlm_layout_reads_text_config_and_top_level_flags():
-    cfg = ModelConfig.from_hf_dict(VLM_4B, dtype="float32", param_dtype="float32")
+    cfg = config_from_hf(VLM_4B, dtype="float32", param_dtype="float32")
     preset = ModelConfig.qwen3_5_4b(dtype="float32", param_dtype="float32")
     assert cfg == preset
     assert cfg.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
@@ -77,32 +77,33 @@ def test_vlm_layout_reads_text_config_and_top_level_flags():
 def test_text_only_layout_and_transformers_config_agree():
     from transformers import Qwen3_5TextConfig
 
-    from_dict = ModelConfig.from_hf_dict(TEXT_4B)
+    from_dict = config_from_hf(TEXT_4B)
     hf = Qwen3_5TextConfig(**{k: v for k, v in TEXT_4B.items() if k != "model_type"}).to_dict()
-    assert ModelConfig.from_hf_dict(hf) == from_dict
+    assert config_from_hf(hf) == from_dict
     assert not from_dict.tie_word_embeddings  # text_config default when no wrapper says otherwise
 
 
 def test_qwen3_layout_with_legacy_rope_theta(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B))
-    cfg = ModelConfig.from_json_file(tmp_path)
+    cfg = config_from_file(tmp_path)
     assert cfg.family == "qwen3" and cfg.rope_theta == 1e6 and cfg.partial_rotary_factor == 1.0
     assert cfg.layer_types == ("full_attention",) * 36 and cfg.tie_word_embeddings
-    assert not cfg.zero_centered_norm and not cfg.attn_output_gate
+    architecture = get_family(cfg.family).architecture
+    assert not architecture.zero_centered_norm and not architecture.attn_output_gate and architecture.qk_norm
 
 
 def test_qwen3_4b_preset_is_the_checkpoints_architecture():
     # The preset adds what the checkpoint's config.json also carries: its context and pad/EOS ids.
     hf = {**QWEN3_4B, "max_position_embeddings": 40960, "pad_token_id": 151643, "eos_token_id": [151645, 151643]}
-    assert ModelConfig.qwen3_4b(dtype="float32", param_dtype="float32") == ModelConfig.from_hf_dict(
+    assert ModelConfig.qwen3_4b(dtype="float32", param_dtype="float32") == config_from_hf(
         hf, dtype="float32", param_dtype="float32")
 
 
-@pytest.mark.parametrize("make", [ModelConfig.tiny_qwen3_5, ModelConfig.tiny_qwen3])
+@pytest.mark.parametrize("make", [ModelConfig.tiny_qwen3_5, ModelConfig.tiny_qwen3, ModelConfig.tiny_llama])
 def test_hf_dict_round_trip(make):
     cfg = make()
     assert (
-        ModelConfig.from_hf_dict(cfg.to_hf_dict(), dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+        config_from_hf(hf_config(cfg), dtype=cfg.dtype, param_dtype=cfg.param_dtype)
         == cfg
     )
 
@@ -123,20 +124,20 @@ def test_hf_dict_round_trip(make):
 )
 def test_invalid_configs_name_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
-        ModelConfig.from_hf_dict({**TEXT_4B, **change})
+        config_from_hf({**TEXT_4B, **change})
 
 
 def test_missing_field_and_bad_own_fields():
     broken = dict(TEXT_4B)
     del broken["linear_key_head_dim"]
     with pytest.raises(ValueError, match="linear_key_head_dim"):
-        ModelConfig.from_hf_dict(broken)
+        config_from_hf(broken)
     with pytest.raises(ValueError, match="remat"):
         ModelConfig.tiny_qwen3_5(remat="sometimes")
     with pytest.raises(ValueError, match="dtype"):
         ModelConfig.tiny_qwen3_5(dtype="float16")
     with pytest.raises(FileNotFoundError, match="config.json"):
-        ModelConfig.from_json_file("/nonexistent/checkpoint")
+        config_from_file("/nonexistent/checkpoint")
 
 
 def test_dtype_default_follows_backend():
@@ -149,6 +150,7 @@ def test_dtype_default_follows_backend():
         num_attention_heads=1,
         num_key_value_heads=1,
         head_dim=8,
+        layer_types=("full_attention",),
     )
     assert cfg.dtype == cfg.param_dtype == "float32"  # tests run on CPU
 
@@ -157,11 +159,11 @@ def test_configs_saved_by_transformers_parse():
     from transformers import Qwen3_5Config, Qwen3Config
 
     tiny = ModelConfig.tiny_qwen3_5()
-    text = tiny.to_hf_dict()
+    text = hf_config(tiny)
     text.pop("model_type"), text.pop("architectures")
     vlm = Qwen3_5Config(text_config=text, tie_word_embeddings=True).to_dict()
-    assert ModelConfig.from_hf_dict(vlm) == tiny.replace(tie_word_embeddings=True)
+    assert config_from_hf(vlm) == tiny.replace(tie_word_embeddings=True)
     dense = ModelConfig.tiny_qwen3()
-    hf = dense.to_hf_dict()
+    hf = hf_config(dense)
     hf.pop("model_type"), hf.pop("architectures")
-    assert ModelConfig.from_hf_dict(Qwen3Config(**hf).to_dict()) == dense
+    assert config_from_hf(Qwen3Config(**hf).to_dict()) == dense

@@ -20,12 +20,14 @@ from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
 from intraskill_jax.errors import ConfigError
 from intraskill_jax.models import (
     FAMILIES,
+    LlamaForCausalLM,
     ModelConfig,
     Qwen3_5ForCausalLM,
     Qwen3ForCausalLM,
     causal_lm_class,
     family_for_hf,
     get_family,
+    hf_config,
     load_pretrained,
     save_pretrained,
 )
@@ -39,6 +41,7 @@ from intraskill_jax.tokenization import IM_END, ToolCall, format_tool_calls, tra
 CASES = {
     "qwen3_5": (ModelConfig.tiny_qwen3_5, Qwen3_5ForCausalLM, "qwen3_5_text", "xml"),
     "qwen3": (ModelConfig.tiny_qwen3, Qwen3ForCausalLM, "qwen3", "json"),
+    "llama": (ModelConfig.tiny_llama, LlamaForCausalLM, "llama", "json"),
 }
 CORPUS = ["search for a blue latex pillow", "click buy now", "<tool_call> function name arguments"] * 20
 
@@ -115,10 +118,10 @@ def test_a_format_set_by_hand_must_match_the_checkpoint(checkpoint):
 
 
 def test_unknown_families_and_inconsistent_registrations_are_named():
-    with pytest.raises(ValueError, match=r"Unknown model family 'llama'; registered: \['qwen3', 'qwen3_5'\]"):
-        ModelConfig.tiny_qwen3(family="llama")
-    with pytest.raises(ValueError, match="Unsupported model_type 'llama'"):
-        family_for_hf({"model_type": "llama"})
+    with pytest.raises(ValueError, match=r"Unknown model family 'mistral'; registered: \['llama', 'qwen3', 'qwen3_5'\]"):
+        causal_lm_class(ModelConfig.tiny_qwen3(family="mistral"))
+    with pytest.raises(ValueError, match="Unsupported model_type 'mistral'"):
+        family_for_hf({"model_type": "mistral"})
     qwen3 = get_family("qwen3")
     with pytest.raises(ValueError, match="model_class Qwen3_5ForCausalLM is for family 'qwen3_5'"):
         dataclasses.replace(qwen3, model_class=Qwen3_5ForCausalLM)
@@ -126,10 +129,54 @@ def test_unknown_families_and_inconsistent_registrations_are_named():
 
 
 def test_full_attention_families_refuse_linear_layers_and_wrapped_saves(tmp_path):
-    with pytest.raises(ValueError, match="family 'qwen3' has only 'full_attention' layers"):
-        ModelConfig.tiny_qwen3(layer_types=("linear_attention", "full_attention"))
+    for cls in (Qwen3ForCausalLM, LlamaForCausalLM):
+        linear = cls.family, ("linear_attention", "full_attention")
+        with pytest.raises(ValueError, match=f"family '{cls.family}' has only 'full_attention' layers"):
+            cls(ModelConfig.tiny_qwen3_5(family=linear[0], num_hidden_layers=2, layer_types=linear[1]),
+                rngs=nnx.Rngs(0))
     config = ModelConfig.tiny_qwen3()
     model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="family 'qwen3' has no multimodal wrapper"):
-        save_pretrained(model, tmp_path / "wrapped", hf_config={"text_config": config.to_hf_dict()})
+        save_pretrained(model, tmp_path / "wrapped", hf_config={"text_config": hf_config(config)})
     assert not (tmp_path / "wrapped").exists()  # refused before anything is written
+
+
+def test_the_model_modules_import_without_a_circle():
+    """`models/config.py` sits below the families and `families.py` above them: no module of the
+    package imports one that imports it back (the package `__init__`s only re-export)."""
+    import ast
+    import pathlib
+
+    import intraskill_jax.models as package
+
+    root = pathlib.Path(package.__file__).parent
+    names = {".".join(("intraskill_jax.models", *p.relative_to(root).with_suffix("").parts)): p
+             for p in root.rglob("*.py") if p.name != "__init__.py"}
+    graph = {}
+    for name, path in names.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("intraskill_jax.models"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    targets.add(full if full in names else node.module)
+            elif isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names if a.name.startswith("intraskill_jax.models"))
+        # a family package's __init__ stands for the family: follow it to its modules
+        graph[name] = {t if t in names else f"{t}.model" for t in targets if t in names or f"{t}.model" in names}
+    assert "intraskill_jax.models.families" not in graph["intraskill_jax.models.config"]
+
+    def cycle_from(start):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    return trail + [nxt]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, trail + [nxt]))
+        return None
+
+    cycles = [c for c in (cycle_from(n) for n in graph) if c]
+    assert not cycles, cycles[0]

@@ -22,7 +22,7 @@ import torch
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from intraskill_jax.models import ModelConfig, load_pretrained
+from intraskill_jax.models import ModelConfig, hf_config, load_pretrained
 from intraskill_jax.models import params as params_lib
 from tests.models.hf_reference import build_hf_model, hf_logits, left_padded, rel_err
 
@@ -40,7 +40,7 @@ def _multimodal(text_model: torch.nn.Module, config: ModelConfig) -> torch.nn.Mo
     """A Qwen3_5ForConditionalGeneration whose text half is `text_model`'s weights."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    text = config.to_hf_dict()
+    text = hf_config(config)
     text.pop("architectures")
     vision = {
         "depth": 1,
@@ -241,6 +241,6 @@ def test_missing_shard_is_reported(checkpoints, tmp_path):
 
 
 def test_directory_without_weights_is_reported(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(ModelConfig.tiny_qwen3().to_hf_dict()))
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(ModelConfig.tiny_qwen3())))
     with pytest.raises(params_lib.CheckpointError, match="neither model.safetensors nor"):
         params_lib.load_pretrained(tmp_path)

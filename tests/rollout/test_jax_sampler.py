@@ -51,7 +51,7 @@ def prompts(seed, n, lo=3, hi=40):
     return [rng.integers(10, 300, rng.integers(lo, hi)).tolist() for _ in range(n)]
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3"])
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3", "llama"])
 def model(request):
     return make_model(request.param)
 

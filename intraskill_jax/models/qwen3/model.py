@@ -32,7 +32,9 @@ def fields_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(
             "Qwen3 layer_types other than 'full_attention' (sliding) are not supported."
         )
-    return hf_text_fields(hf, hf, model_type=MODEL_TYPE, partial_rotary_factor=1.0)
+    fields = hf_text_fields(hf, hf, model_type=MODEL_TYPE, partial_rotary_factor=1.0)
+    fields["layer_types"] = ("full_attention",) * fields["num_hidden_layers"]
+    return fields
 
 
 def to_hf(config: ModelConfig) -> dict[str, Any]:
