@@ -11,6 +11,7 @@ Commands map to library calls; each keeps its own flags (`intraskill <command> -
   check-bundle  verify a bundle's hashes and recompute its figures (DIR)
   compile-check will a config fit a TPU slice: compile its programs ahead of time (--config, --topology)
   serve         SGLang-compatible rollout server over the embedded JAX sampler
+  fetch-model   download and convert a pretrained checkpoint once, print its HF directory (NAME)
   sim-demo      build the simulator world and play the test split with the reference policies
   sim-serve     ShopSimulator-compatible HTTP service (forwards to `python -m sim serve`)
 """
@@ -21,7 +22,7 @@ import sys
 
 _SIM_COMMANDS = {"sim-demo": "demo", "sim-serve": "serve"}
 _TRAINING = ("quickstart", "sft", "train", "eval", "rank", "multiseed")
-_COMMANDS = (*_TRAINING, "report", "check-bundle", "compile-check", "serve", *_SIM_COMMANDS)
+_COMMANDS = (*_TRAINING, "report", "check-bundle", "compile-check", "serve", "fetch-model", *_SIM_COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> None:
         from intraskill_jax.rollout.serve import main as serve
 
         serve(rest)
+    elif command == "fetch-model":
+        from intraskill_jax.models.acquire import main as fetch_model
+
+        fetch_model(rest)
     else:
         import sim.__main__ as sim_main
 

@@ -48,7 +48,9 @@ from sim import flagparse
 
 from intraskill_jax import runconfig
 from intraskill_jax.agent.trajectory import bucket_length
+from intraskill_jax.errors import CheckpointError
 from intraskill_jax.models import ModelConfig, causal_lm_class, config_from_file, init_cache
+from intraskill_jax.models import acquire
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.rl.train_step import (
     LogprobFn,
@@ -152,19 +154,22 @@ def model_config(config: runconfig.RunConfig) -> tuple[ModelConfig, str]:
     if not p.path:
         init = {**p.init, "vocab_size": p.tokenizer_vocab_size}
         return ModelConfig.tiny_qwen3_5(**{**init, **overrides}), "the fresh tiny policy (policy.init)"
-    path = runconfig.resolve_repo_path(p.path)
+    try:  # a checkpoint name, .gguf file or hub id: its cached HF directory, fetched once
+        path, unavailable = acquire.resolve_checkpoint(p.path, config_only=True), ""
+    except CheckpointError as e:
+        path, unavailable = runconfig.resolve_repo_path(p.path), f" ({e})"
     if (path / "config.json").is_file():
         return config_from_file(path, **overrides), f"{path}/config.json"
     # The study's configs name a checkpoint directory that is not on this machine; its name says
     # which published architecture it holds.
     published = {"Qwen3.5-4B": ModelConfig.qwen3_5_4b, "Qwen3-4B": ModelConfig.qwen3_4b}
     if path.name not in published:
-        raise CompileCheckError(f"policy.path {path} has no config.json and its name is none of the published "
-                                f"architectures known here ({sorted(published)}): point policy.path at a "
+        raise CompileCheckError(f"policy.path {path} has no config.json{unavailable} and its name is none of the "
+                                f"published architectures known here ({sorted(published)}): point policy.path at a "
                                 "checkpoint directory")
     build = published[path.name]
-    log.info("policy.path %s does not exist: checking the %s architecture (ModelConfig.%s)", path, path.name,
-             build.__name__)
+    log.info("policy.path %s does not exist%s: checking the %s architecture (ModelConfig.%s)", path, unavailable,
+             path.name, build.__name__)
     return build(**overrides), f"ModelConfig.{build.__name__} (policy.path {path} does not exist)"
 
 

@@ -1,6 +1,7 @@
 """The run's policy: where it starts (a checkpoint or a fresh model), how it is loaded, how it plays.
 
-`prepare_policy` gives the starting HF directory: `policy.path`, or a fresh Qwen3.5-architecture
+`prepare_policy` gives the starting HF directory: `policy.path` (an HF directory, or a checkpoint
+name, .gguf file or hub id that `models/acquire.py` turns into one), or a fresh Qwen3.5-architecture
 model with a tokenizer trained on the simulator's text, saved under `<workdir>/base/` exactly as a
 downloaded checkpoint would be. `load_policy` and `load_tokenizer` read the HF directories of a run
 (`rundir.publish_policy` writes them), from gs:// through a local copy: the safetensors reader maps
@@ -41,7 +42,10 @@ def prepare_policy(config: RunConfig, workdir: rundir.PathLike, world: World) ->
     checkpoint would be.
     """
     if config.policy.path:
-        path = rundir.run_path(resolve_repo_path(config.policy.path))
+        from intraskill_jax.models.acquire import resolve_checkpoint
+
+        # a checkpoint name, .gguf file or hub id becomes a cached HF directory first
+        path = rundir.run_path(resolve_checkpoint(config.policy.path, progress=True))
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"policy.path {path} has no config.json: point it at an HF checkpoint directory")
         return path
