@@ -68,8 +68,10 @@ BAD = {
     "heldout_demos": ({"warm_start.heldout_demos": 21},
                       ["warm_start.heldout_demos=21", "sim.splits.num_validation=20"]),
     "eval_tasks": ({"eval.num_tasks": 21}, ["eval.num_tasks=21", "sim.splits.num_test=20"]),
-    "kl_coef": ({"train.loss.kl_coef": 0.05},
-                ["train.loss.kl_coef=0.05", "not implemented", "set train.loss.kl_coef=0"]),
+    "lora_rank": ({"train.lora.rank": 0}, ["config.train.lora", "rank=0", "set rank to 1 or more"]),
+    "sft_lora_targets": ({"warm_start.sft.lora.targets": ("q_proj", "lm_head")},
+                         ["config.warm_start.sft.lora", "['lm_head']", "drop it from targets"]),
+    "lora_alpha": ({"warm_start.sft.lora.alpha": -1.0}, ["config.warm_start.sft.lora", "alpha=-1.0", "must be > 0"]),
     "checkpoint_every": ({"train.checkpoint_every": 0}, ["train.checkpoint_every=0", "must be >= 1"]),
 }
 
@@ -92,6 +94,14 @@ def test_rules_that_hold_only_where_they_matter():
     edge = runconfig.with_overrides(smoke, {"skills.validation_tasks": 20, "eval.num_tasks": 20,
                                             "train.group_size": 2, "train.loss.kl_coef": 0.0})
     assert edge.skills.validation_tasks == 20 and edge.train.group_size == 2
+    # LoRA is off by default in both stages; a KL penalty loads (the learner scores a reference).
+    assert not smoke.train.lora.enabled and not smoke.warm_start.sft.lora.enabled
+    lora = runconfig.with_overrides(smoke, {"train.loss.kl_coef": 0.05, "train.lora.enabled": True,
+                                            "train.lora.targets": ["q_proj", "v_proj"], "warm_start.sft.lora.rank": 4})
+    assert lora.train.loss.kl_coef == 0.05 and lora.train.lora.targets == ("q_proj", "v_proj")
+    assert lora.warm_start.sft.lora.rank == 4 and lora.warm_start.sft.lora.scale == 4.0
+    with pytest.raises(runconfig.ConfigError, match=r"^train\.lora\.rnak: no such config key; nearest: train\.lora\.rank"):
+        main.check_overrides([f"--config={SMOKE}", "--config.train.lora.rnak=4"])
 
 
 def test_a_misspelt_override_names_the_nearest_keys():

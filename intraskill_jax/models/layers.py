@@ -43,7 +43,11 @@ def constrain(x: jax.Array, axes: Axes) -> jax.Array:
 
 # --------------------------------------------------------------------------- basic layers
 class Linear(nnx.Module):
-    """y = x @ weight.T (+ bias); weight [out_features, in_features] as in torch."""
+    """y = x @ weight.T (+ bias) (+ lora_scale * lora(x)); weight [out_features, in_features] as in torch.
+
+    `lora` is an optional `nnx.LoRA` adapter (`models/lora.py` adds it) beside the base weight, so
+    the base keeps its HF key path.
+    """
 
     def __init__(
         self,
@@ -63,6 +67,8 @@ class Linear(nnx.Module):
         self.bias = param(jnp.zeros((out_features,), param_dtype), axes[:1]) if use_bias else None
         # `weight` as [in, out]: only on the sampler's model (`CausalLM.transpose_for_decode`).
         self.weight_t: nnx.Variable | None = None
+        self.lora: nnx.LoRA | None = None
+        self.lora_scale = 0.0
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(self.dtype)
@@ -72,6 +78,8 @@ class Linear(nnx.Module):
             y = jnp.einsum("...i,io->...o", x, self.weight_t[...].astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
+        if self.lora is not None:
+            y = y + self.lora_scale * self.lora(x)
         return y
 
 

@@ -30,6 +30,7 @@ from safetensors.numpy import save_file
 
 from intraskill_jax.errors import CheckpointError
 from intraskill_jax.models import families
+from intraskill_jax.models import lora as lora_lib
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.models.config import ModelConfig, read_hf_config
 from intraskill_jax.models.decoder import CausalLM
@@ -292,7 +293,9 @@ def save_pretrained(
     """Write `model` as a HF checkpoint (`config.json`, safetensors shards and their index).
 
     Args:
-      model: an NNX model whose parameter paths are HF text-model keys.
+      model: an NNX model whose parameter paths are HF text-model keys; LoRA adapters, if it has
+        any, are merged into their layers' weights (a plain checkpoint, as transformers and SGLang
+        load it).
       directory: output directory, created if needed.
       hf_config: the HF `config.json` dict (default: `families.hf_config(model.config)`, text-only);
         a `text_config` entry selects the multimodal layout (`model.language_model.*`).
@@ -302,6 +305,7 @@ def save_pretrained(
         are copied from it unchanged, so SGLang or transformers get a complete checkpoint.
     """
     directory = Path(directory)
+    model = lora_lib.merged(model)
     hf_config = families.hf_config(model.config) if hf_config is None else hf_config
     family = families.get_family(model.config.family)
     multimodal = is_multimodal(hf_config)

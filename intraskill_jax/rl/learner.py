@@ -7,9 +7,12 @@ Orchestration only; every numeric piece lives elsewhere (`rl/rollouts.py`, `rl/g
 2. ask `contexts_fn` for each group's context (the skill text and mask; empty for plain GRPO);
 3. roll out `group_size` siblings per task with the current weights;
 4. drop zero-variance groups; recompute the trainer's log-probs at the rollout weights (for TIS
-   and the rollout/trainer mismatch metric); run one optimizer update;
+   and the rollout/trainer mismatch metric) and, with a KL penalty, the reference policy's; run
+   one optimizer update;
 5. hand the new weights to the rollout engine (`update_weights`: the model in memory, and an HF
    directory `<workdir>/hf/weight_vNNNNNN/` published only for an engine that asks for one);
+   with LoRA (`train.lora`) only the adapters train, and the engine and the export get the
+   adapters merged into the weights;
 6. write metrics; checkpoint every `checkpoint_every` steps (params, optimizer, step, RNG, cursor).
 
 A killed run resumes from its last checkpoint and replays the same next step.
@@ -33,12 +36,15 @@ from intraskill_jax.agent.trajectory import collate
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.errors import ConfigError
 from intraskill_jax.metrics import MetricsWriter
+from intraskill_jax.models import lora as lora_lib
+from intraskill_jax.models.lora import LoRAConfig
 from intraskill_jax.models import hf_config
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl.rollouts import Experience, collect
 from intraskill_jax.rl.train_step import (
     LogprobFn,
     OptimConfig,
+    ReferenceLogprobs,
     grpo_step,
     init_train_state,
     make_optimizer,
@@ -63,8 +69,11 @@ class TrainConfig:
       groups_per_step / group_size: tasks per step and siblings per task (G).
       scale_by_std: divide advantages by the group std (False: Dr.GRPO).
       checkpoint_every: steps between checkpoints (the last step and round ends are always saved).
-      seed: data order, masks and sampling.
-      optim / loss: the optimizer and the GRPO loss.
+      seed: data order, masks and sampling (and the adapters' initial A).
+      optim / loss: the optimizer and the GRPO loss; `loss.kl_coef > 0` adds the KL penalty to the
+        starting policy (with LoRA: the same model with its adapters off; without: a frozen copy
+        of the starting weights, one more copy of the parameters in memory).
+      lora: train low-rank adapters on the frozen policy instead of every weight.
     """
 
     rounds: int = 4
@@ -76,6 +85,7 @@ class TrainConfig:
     seed: int = 0
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(learning_rate=1e-6))
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
 
     @property
     def steps(self) -> int:
@@ -88,10 +98,6 @@ class TrainConfig:
         if self.group_size < 2:
             raise ConfigError(f"train.group_size={self.group_size}: GRPO's advantages compare the siblings of a "
                               "group, so it needs at least 2; set train.group_size to 2 or more")
-        if self.loss.kl_coef != 0:
-            # The loss supports a KL term, but the learner never scores a reference policy.
-            raise ConfigError(f"train.loss.kl_coef={self.loss.kl_coef}: a KL penalty to a reference policy is not "
-                              "implemented (the learner computes no reference log-probs); set train.loss.kl_coef=0")
 
 
 class TaskCursor:
@@ -139,10 +145,17 @@ class Learner:
         self.hf_config = hf_config(model.config)
         optim = config.optim
         tx = make_optimizer(optim)
+        if config.lora.enabled:
+            lora_lib.apply_lora(model, config.lora, seed=config.seed, mesh=mesh)
         self.graphdef, self.state = init_train_state(model, tx, mesh=mesh)
         self.update = grpo_step(self.graphdef, tx, optim, config.loss, temperature=sampling.temperature, mesh=mesh)
         self.old_logprobs = LogprobFn(self.graphdef, temperature=sampling.temperature,
                                       micro_batch_size=optim.micro_batch_size, mesh=mesh)
+        # Taken before any update (they donate the parameters) and before a resume restores
+        # trained weights: the reference is the policy the run started from.
+        self.ref_logprobs = None if config.loss.kl_coef == 0 else ReferenceLogprobs(
+            model, self.state.params, temperature=sampling.temperature, micro_batch_size=optim.micro_batch_size,
+            mesh=mesh)
         # With micro-batches every update pads its rows to the most a step can admit (each group
         # and its retry), so the update and the log-prob pass compile once per length; the
         # padding micro-batches are skipped inside the step.
@@ -167,12 +180,14 @@ class Learner:
         self._push_weights()
 
     def model(self) -> Any:
+        """The policy at the current parameters (with its adapters, when it trains LoRA)."""
         return merge_params(self.graphdef, self.state)
 
     def _push_weights(self) -> None:
         version = self.step
-        # The export reads the update's own (cached) model, so the parameters are merged once.
-        weights = WeightUpdate(version=version, load_model=self.model,
+        # The engine gets the adapters merged into the weights (`models.lora.merged`). The export
+        # reads the update's own (cached) model, so the parameters are merged once per push.
+        weights = WeightUpdate(version=version, load_model=lambda: lora_lib.merged(self.model()),
                                publish=lambda: self._export(weights.model(), version))
         self.engine.update_weights(weights)
 
@@ -211,7 +226,11 @@ class Learner:
     def _update(self, exp: Experience) -> dict[str, float]:
         collated = collate(exp.train_trajectories, self.tokenizer.pad_token_id)
         old = np.asarray(self.old_logprobs(self.state.params, collated, pad_to=self.pad_rows_to))
-        batch = pad_rows(train_batch(collated, advantages=exp.train_advantages, old_logprobs=old), self.pad_rows_to)
+        ref = None
+        if self.ref_logprobs is not None:
+            ref = np.asarray(self.ref_logprobs(self.state.params, collated, pad_to=self.pad_rows_to))
+        batch = pad_rows(train_batch(collated, advantages=exp.train_advantages, old_logprobs=old, ref_logprobs=ref),
+                         self.pad_rows_to)
         tokens = float(np.asarray(collated["loss_mask"]).sum())
         t0 = time.perf_counter()
         self.state, m = self.update(self.state, batch)

@@ -2,7 +2,8 @@
 
 The loss is cross-entropy on the tokens the policy would have sampled (the trajectory's loss mask:
 assistant replies only; prompts, observations and padding are context), averaged over every such
-token of the optimizer batch, with the same exact micro-batching as the GRPO update.
+token of the optimizer batch, with the same exact micro-batching as the GRPO update. With LoRA
+(`SFTConfig.lora`) only the adapters train; the policy it publishes has them merged into its weights.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from intraskill_jax.agent.demos import ACTION_KINDS, action_kind
 from intraskill_jax.agent.trajectory import Trajectory, collate
 from intraskill_jax.checkpoint import Checkpointer
 from intraskill_jax.metrics import MetricsWriter
+from intraskill_jax.models import lora as lora_lib
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.models import token_logprobs
+from intraskill_jax.models.lora import LoRAConfig
 from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.rl.train_step import (
     OptimConfig,
@@ -52,6 +55,7 @@ class SFTConfig:
       context_loss_weight: weight of every other token's next-token loss (prompts, pages), 0 =
         replies only: a fresh model can learn the shop's language from its pages too (the
         `prompt_loss_weight` / train-on-inputs option of SFT tools).
+      lora: train low-rank adapters on the frozen model instead of every weight.
     """
 
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(learning_rate=1e-5, warmup_steps=10))
@@ -61,6 +65,7 @@ class SFTConfig:
     length_multiple: int = 128
     checkpoint_every: int = 50
     context_loss_weight: float = 0.0
+    lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "epochs", "length_multiple", "checkpoint_every"):
@@ -111,6 +116,9 @@ def run_sft(model: nnx.Module, trajectories: Sequence[Trajectory], config: SFTCo
             progress: bool | Progress = True) -> SFTResult:
     """Fine-tune `model` on `trajectories`; on return `model` holds the trained weights.
 
+    With `config.lora.enabled` the adapters are added to `model` here (in place, seeded by
+    `config.seed`) and only they train: on return `model` holds them (`models.lora.merged` folds them
+    in; `save_pretrained` does so when it writes it).
     The update donates the parameter buffers, so `model` is only valid again once this returns.
     With a `checkpointer`, a run resumes from its newest checkpoint (same seed: same batches).
     Metrics per update: train/sft_loss (token-mean NLL), train/sft_grad_norm, train/sft_lr,
@@ -119,6 +127,8 @@ def run_sft(model: nnx.Module, trajectories: Sequence[Trajectory], config: SFTCo
     _check_trajectories(trajectories)
     total = config.num_updates(len(trajectories))
     optimizer = make_optimizer(config.optim)
+    if config.lora.enabled:
+        lora_lib.apply_lora(model, config.lora, seed=config.seed, mesh=mesh, rules=rules)
     graphdef, state = init_train_state(model, optimizer, mesh=mesh)
     if checkpointer is not None and checkpointer.latest_step() is not None:
         state = checkpointer.restore(state).state

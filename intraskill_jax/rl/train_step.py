@@ -16,6 +16,12 @@ Sharding: parameters keep the layout they were created with (`models.sharding.cr
 optimizer moments follow their parameter, batches are split over ('data', 'fsdp') along rows.
 The compiled step pins its output state to the input layout so donation reuses the buffers.
 
+LoRA: a model holding adapters (`models.lora.apply_lora`) trains them alone. The update
+differentiates the `nnx.LoRAParam` variables only and the optimizer state holds their moments only;
+the base weights ride along in `TrainState.params` as frozen operands (no weight gradients are
+formed for them, so a step skips the weight-gradient matmuls of every frozen layer) and come out
+unchanged. Checkpoints keep the whole `TrainState`, so a resumed run restores the base it trained on.
+
 Use:
 
     tx = make_optimizer(optim)
@@ -41,6 +47,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from intraskill_jax.models import lora as lora_lib
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.models import token_logprobs
 from intraskill_jax.rl.grpo import LossConfig, Weighted, policy_loss
@@ -139,8 +146,13 @@ class TrainState:
     """What an update changes. `step` counts the updates applied so far (int32 scalar)."""
 
     step: jax.Array
-    params: nnx.State  # the model's nnx.Param variables
-    opt_state: optax.OptState
+    params: nnx.State  # the model's nnx.Param variables, adapters (nnx.LoRAParam) included
+    opt_state: optax.OptState  # over `trainable_params(params)` only
+
+
+def trainable_params(params: nnx.State) -> nnx.State:
+    """What an update trains: a model's adapters when it has any (`models.lora`), else all of it."""
+    return nnx.filter_state(params, lora_lib.trainable(params))
 
 
 def _replicated(mesh: Mesh | None) -> NamedSharding | None:
@@ -151,7 +163,7 @@ def _state_shardings(params_sharding: Any, optimizer: optax.GradientTransformati
                      abstract_opt_state: Any, mesh: Mesh) -> TrainState:
     """Moments live where their parameter lives; counters are replicated."""
     replicated = _replicated(mesh)
-    opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_opt_state, params_sharding,
+    opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_opt_state, trainable_params(params_sharding),
                                 transform_non_params=lambda _: replicated)
     return TrainState(step=replicated, params=params_sharding, opt_state=opt)
 
@@ -179,14 +191,15 @@ def init_train_state(model: nnx.Module, optimizer: optax.GradientTransformation,
     """
     graphdef, params = _split_params(model)
     if mesh is None:
-        opt_state = jax.jit(optimizer.init)(params)
+        opt_state = jax.jit(optimizer.init)(trainable_params(params))
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
         # Commit every array to where it is: the step's outputs are committed, and jit keys its
         # cache on commitment, so an uncommitted first state would cost a second compile.
         return graphdef, jax.device_put(state, jax.tree.map(lambda x: x.sharding, state))
     params_sharding = jax.tree.map(lambda x: x.sharding, params)
-    shardings = _state_shardings(params_sharding, optimizer, jax.eval_shape(optimizer.init, params), mesh)
-    opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+    trained = trainable_params(params)
+    shardings = _state_shardings(params_sharding, optimizer, jax.eval_shape(optimizer.init, trained), mesh)
+    opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(trained)
     step = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
     return graphdef, TrainState(step=step, params=params, opt_state=opt_state)
 
@@ -199,7 +212,7 @@ def abstract_train_state(model_factory: Callable[[], nnx.Module], optimizer: opt
     the target to restore a checkpoint onto."""
     graphdef, abstract = sharding_lib.abstract_model(model_factory, mesh, rules)
     params = _params_only(abstract)
-    abstract_opt = jax.eval_shape(optimizer.init, params)
+    abstract_opt = jax.eval_shape(optimizer.init, trainable_params(params))
     step = jax.ShapeDtypeStruct((), jnp.int32)
     if mesh is None:
         return graphdef, TrainState(step=step, params=params, opt_state=abstract_opt)
@@ -374,25 +387,28 @@ class UpdateStep:
         totals = _totals(batch)
         micro = _micro_batches(batch, num_micro)
         graphdef, loss_fn = self.graphdef, self._loss_fn
+        # Only the trainable part is an argument of the gradient: the frozen rest (a LoRA model's
+        # base weights) enters as a constant operand, so no gradient is formed for it.
+        trained, frozen = nnx.split_state(state.params, lora_lib.trainable(state.params), ...)
 
-        def micro_loss(params: nnx.State, mb: TrainBatch):
-            return loss_fn(nnx.merge(graphdef, params), mb, totals)
+        def micro_loss(trained: nnx.State, mb: TrainBatch):
+            return loss_fn(nnx.merge(graphdef, trained, frozen), mb, totals)
 
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
         first = jax.tree.map(lambda x: x[0], micro)
-        metric_shapes = jax.eval_shape(micro_loss, state.params, first)[1]
+        metric_shapes = jax.eval_shape(micro_loss, trained, first)[1]
 
         def zeros_f32(x: Any) -> jax.Array:
             return jnp.zeros(jnp.shape(x), jnp.float32)
 
-        grads0 = jax.tree.map(zeros_f32, state.params)
+        grads0 = jax.tree.map(zeros_f32, trained)
         if params_sharding is not None:
-            grads0 = jax.lax.with_sharding_constraint(grads0, params_sharding)
+            grads0 = jax.lax.with_sharding_constraint(grads0, trainable_params(params_sharding))
         carry0 = (jnp.zeros((), jnp.float32), grads0, jax.tree.map(zeros_f32, metric_shapes))
 
         def accumulate(carry, mb):
             loss_sum, grad_sum, metric_sum = carry
-            (loss, metrics), grads = grad_fn(state.params, mb)
+            (loss, metrics), grads = grad_fn(trained, mb)
             grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
             metric_sum = jax.tree.map(lambda a, m: a + m.astype(jnp.float32), metric_sum, metrics)
             return loss_sum + loss, grad_sum, metric_sum
@@ -405,9 +421,9 @@ class UpdateStep:
         (loss, grads, metrics), _ = jax.lax.scan(body, carry0, micro)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
         # Back to the parameters' dtype so the optimizer state keeps the dtype it was built with.
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trained)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, trained)
+        params = nnx.merge_state(optax.apply_updates(trained, updates), frozen)
         out = {name: m.mean for name, m in metrics.items() if name != "tokens"}
         out.update(loss=loss, grad_norm=grad_norm, lr=jnp.asarray(self._schedule(state.step), jnp.float32),
                    tokens=totals.tokens, sequences=totals.sequences)
@@ -575,3 +591,35 @@ class LogprobFn:
         with _mesh_context(self.mesh, self.rules):
             return self._jitted(num_micro).trace(params, batch)
 
+
+
+class ReferenceLogprobs:
+    """The reference policy's log-probs for the KL penalty: the policy the run started from.
+
+    `ref(params, collated) -> [B, L]` token-aligned, as `LogprobFn` scores them (the rollout
+    temperature, micro-batches, padding micro-batches skipped). With LoRA the reference is the same
+    model with its adapters off (`models.lora.without_adapters`), read from the current parameters'
+    frozen base: no second copy of the weights. Without LoRA every weight moves, so the starting
+    weights are kept as a frozen copy (one more copy of the parameters, laid out like them).
+
+    Args:
+      model: the policy at its starting weights (with adapters, if it trains them).
+      params: those starting parameters (`TrainState.params` at step 0, before any update donates
+        them).
+    """
+
+    def __init__(self, model: nnx.Module, params: nnx.State, *, temperature: float = 1.0,
+                 micro_batch_size: int | None = None, mesh: Mesh | None = None,
+                 rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES):
+        self.lora = lora_lib.has_adapters(params)
+        graphdef = nnx.graphdef(lora_lib.without_adapters(model) if self.lora else model)
+        self._frozen = None if self.lora else jax.tree.map(jnp.copy, params)
+        self._logprobs = LogprobFn(graphdef, temperature=temperature, micro_batch_size=micro_batch_size,
+                                   mesh=mesh, rules=rules)
+
+    def params(self, params: nnx.State) -> nnx.State:
+        """The reference's parameters, given the policy's current ones."""
+        return lora_lib.base_params(params) if self._frozen is None else self._frozen
+
+    def __call__(self, params: nnx.State, collated: Mapping[str, Any], *, pad_to: int = 1) -> jax.Array:
+        return self._logprobs(self.params(params), collated, pad_to=pad_to)

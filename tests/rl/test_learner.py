@@ -9,6 +9,7 @@ kind, and the resumed Learner reuses the programs the first one compiled.
 import json
 import shutil
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -20,7 +21,9 @@ from sim.world import build_world
 
 from intraskill_jax.agent.episode import AgentConfig, SkillContext
 from intraskill_jax.agent.prompts import system_prompt
-from intraskill_jax.models import ModelConfig, causal_lm_class
+from intraskill_jax.models import ModelConfig, causal_lm_class, load_pretrained
+from intraskill_jax.models import lora as lora_lib
+from intraskill_jax.models.lora import LoRAConfig
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl import learner as learner_lib
 from intraskill_jax.rl.learner import Learner, TaskCursor, TrainConfig
@@ -99,7 +102,7 @@ def shared_programs(monkeypatch):
     return made
 
 
-def make(world, tok, workdir, engine, steps=3):
+def make(world, tok, workdir, engine, steps=3, **train):
     # One DeltaNet and one attention layer: both mixers, half the compile and run time of four.
     cfg = ModelConfig.tiny_qwen3_5(vocab_size=len(tok), num_hidden_layers=2,
                                    layer_types=("linear_attention", "full_attention"))
@@ -112,8 +115,9 @@ def make(world, tok, workdir, engine, steps=3):
 
     learner = Learner(
         model, tok, engine, workdir, tasks=world.splits.train, make_env=lambda: ShopEnv(world),
-        config=TrainConfig(rounds=1, gate_every=steps, groups_per_step=1, group_size=2, checkpoint_every=2,
-                           optim=OptimConfig(learning_rate=1e-3), loss=LossConfig()),
+        config=TrainConfig(**{"rounds": 1, "gate_every": steps, "groups_per_step": 1, "group_size": 2,
+                              "checkpoint_every": 2, "optim": OptimConfig(learning_rate=1e-3), "loss": LossConfig(),
+                              **train}),
         sampling=SamplingParams(temperature=1.0, max_new_tokens=96),
         agent=AgentConfig(tool_format="xml", max_turns=20, max_context_tokens=2048, max_observation_chars=100,
                           show_affordances=False),
@@ -197,3 +201,51 @@ def test_task_cursor_epochs_are_seeded_permutations():
     assert sorted(first) == sorted(second) == list(range(10)) and first != second
     again = TaskCursor(range(10), seed=3, position=10)
     assert again.take(10) == second
+
+
+class RecordingEngine(MixedEngine):
+    def update_weights(self, weights):
+        super().update_weights(weights)
+        self.last = weights
+
+
+def _host(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_kl_penalty_to_the_starting_policy_with_and_without_lora(world_tok, tmp_path, monkeypatch, lora):
+    world, tok = world_tok
+    engine = RecordingEngine(world, tok)
+    patch_envs(engine, monkeypatch)
+    train = {"loss": LossConfig(kl_coef=0.05), "lora": LoRAConfig(enabled=lora, rank=4),
+             "optim": OptimConfig(learning_rate=1e-2)}
+    learner, _ = make(world, tok, tmp_path / "run", engine, steps=2, **train)
+    assert lora_lib.has_adapters(learner.state.params) == lora
+    start = _host(lora_lib.base_params(learner.state.params))  # the whole start without LoRA
+    for _ in range(2):
+        learner.train_step()
+    learner.close()
+    rows = [r for r in read_rows(tmp_path / "run") if r["train/updated"]]
+    assert [r["step"] for r in rows] == [1, 2]  # every group has reward variance
+    # The first update scores the starting policy against itself; the second has moved off it.
+    assert 0 <= rows[0]["train/kl"] < 1e-6 and rows[1]["train/kl"] > 0
+    params = learner.state.params
+    moved = [not np.array_equal(a, b) for a, b in zip(_host(lora_lib.base_params(params)), start)]
+    assert not any(moved) if lora else any(moved)  # with LoRA the base weights are frozen
+    if lora:
+        # The engine got the adapters merged in, and so does the HF export.
+        pushed = engine.last.model()
+        assert not lora_lib.has_adapters(pushed) and lora_lib.has_adapters(learner.model())
+        ids = np.asarray([tok.encode("search for a kettle", add_special_tokens=False)])
+        adapted = np.asarray(learner.model()(ids))
+        np.testing.assert_allclose(np.asarray(pushed(ids)), adapted, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(load_pretrained(engine.last.hf_dir())(ids)), adapted, rtol=1e-5,
+                                   atol=1e-5)
+    # Resumed: the trained state comes back, and the reference is still the starting policy.
+    resumed, _ = make(world, tok, tmp_path / "run", RecordingEngine(world, tok), steps=2, **train)
+    assert resumed.step == 2
+    assert all(np.array_equal(a, b) for a, b in zip(_host(resumed.state.params), _host(params)))
+    reference = _host(resumed.ref_logprobs.params(resumed.state.params))
+    assert len(reference) == len(start) and all(np.array_equal(a, b) for a, b in zip(reference, start))
+    resumed.close()

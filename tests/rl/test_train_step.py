@@ -14,10 +14,13 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from intraskill_jax.models import ModelConfig, causal_lm_class, sharding, token_logprobs
+from intraskill_jax.models import lora as lora_lib
+from intraskill_jax.models.lora import LoRAConfig
 from intraskill_jax.rl import train_step as ts
 from intraskill_jax.rl.grpo import LossConfig, policy_loss
 
@@ -232,3 +235,137 @@ def test_loss_decreases_over_updates_on_a_fixed_batch(setup):
             assert float(metrics["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
             assert abs(float(metrics["ppo_kl"])) < 1e-5
     assert losses[-1] < losses[0] - 0.05 and all(b <= a + 1e-6 for a, b in itertools.pairwise(losses))
+
+
+# -- LoRA: the adapters train, the base weights are frozen operands -------------------------------
+
+LORA = LoRAConfig(enabled=True, rank=4, alpha=8.0)
+
+
+def _lora_state(tx, *, trained_b: bool, mesh=None):
+    """A LoRA model's train state; with `trained_b` the adapters' B is random (as after some
+    updates), so A gets gradients too (with B = 0 it gets none)."""
+    model = lora_lib.apply_lora(_model(mesh=mesh), LORA, seed=5)
+    if trained_b:
+        b_only = nnx.filter_state(nnx.state(model, nnx.LoRAParam), lambda path, _: path[-1] == "lora_b")
+        nnx.update(model, jax.tree.map(lambda x: 0.3 * jax.random.normal(jax.random.key(7), x.shape), b_only))
+    if mesh is not None:
+        sharding.shard_model(model, mesh)
+    return ts.init_train_state(model, tx, mesh=mesh)
+
+
+def _capture_gradients() -> optax.GradientTransformation:
+    """An 'optimizer' whose state becomes the gradient it was given and which leaves the parameters."""
+    return optax.GradientTransformation(init=lambda p: jax.tree.map(jnp.zeros_like, p),
+                                        update=lambda g, s, p=None: (jax.tree.map(jnp.zeros_like, g), g))
+
+
+def _split_lora(params):
+    return nnx.split_state(params, nnx.LoRAParam, ...)
+
+
+def test_lora_step_trains_the_adapters_alone(setup):
+    tx = ts.make_optimizer(OPTIM)
+    graphdef, state = _lora_state(tx, trained_b=False)
+    adapters, base = _split_lora(_to_host(state.params))
+    step = ts.grpo_step(graphdef, tx, OPTIM, LOSS, temperature=TEMPERATURE, donate=False)
+    new_state, metrics = step(state, setup["batch"])
+    new_adapters, new_base = _split_lora(_to_host(new_state.params))
+    assert _max_diff(new_base, base) == 0.0  # the base weights come out bit for bit
+    b = [(x, y) for (p, x), (_, y) in zip(nnx.to_flat_state(adapters), nnx.to_flat_state(new_adapters))
+         if p[-1] == "lora_b"]
+    assert all(np.any(y.get_value() != x.get_value()) for x, y in b)
+    # Adam's moments exist for the adapters only: the optimizer state is the adapters' size, twice.
+    moments = [x for x in jax.tree.leaves(state.opt_state) if np.ndim(x) >= 1]
+    assert sorted(x.shape for x in moments) == sorted(2 * [x.shape for x in jax.tree.leaves(adapters)])
+    assert np.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+
+
+def test_lora_step_gradients_equal_jax_grad_of_the_loss(setup):
+    """Three micro-batches (one with a padding row) accumulate to the gradient of the whole
+    batch's loss with respect to the adapters, taken directly."""
+    capture = _capture_gradients()
+    graphdef, state = _lora_state(capture, trained_b=True)
+    optim = dataclasses.replace(OPTIM, micro_batch_size=3)
+    step = ts.grpo_step(graphdef, capture, optim, LOSS, temperature=TEMPERATURE, donate=False)
+    new_state, metrics = step(state, setup["batch"])
+    adapters, base = _split_lora(state.params)
+    b = jax.tree.map(jnp.asarray, setup["batch"])
+
+    def loss(adapters):
+        model = nnx.merge(graphdef, adapters, base)
+        lp = token_logprobs(model, b.input_ids, b.targets, b.attention_mask, temperature=TEMPERATURE)
+        return policy_loss(lp, b.old_logprobs, b.advantages, b.loss_mask, LOSS, rollout_logprobs=b.rollout_logprobs,
+                           ref_logprobs=b.ref_logprobs).loss
+
+    direct = jax.grad(loss)(adapters)
+    got = new_state.opt_state
+    assert jax.tree.structure(got) == jax.tree.structure(direct)
+    scale = max(float(np.max(np.abs(x))) for x in jax.tree.leaves(direct))
+    assert scale > 0 and all(float(np.max(np.abs(x))) > 0 for x in jax.tree.leaves(direct))  # A and B both
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(direct)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5 * scale)
+    norm = np.sqrt(sum(float(jnp.sum(jnp.square(x))) for x in jax.tree.leaves(direct)))
+    np.testing.assert_allclose(metrics["grad_norm"], norm, rtol=1e-4)
+    assert _max_diff(new_state.params, state.params) == 0.0
+
+
+def test_lora_update_lowers_the_loss_on_a_fixed_batch(setup):
+    tx = ts.make_optimizer(dataclasses.replace(OPTIM, learning_rate=1e-2, grad_clip=None))
+    graphdef, state = _lora_state(tx, trained_b=False)
+    batch = setup["batch"]._replace(old_logprobs=ts.train_batch(setup["collated"], old_logprobs=setup["current"]).old_logprobs)
+    step = ts.grpo_step(graphdef, tx, OPTIM, LOSS, temperature=TEMPERATURE)
+    losses = []
+    for _ in range(6):
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["pg_loss"]))
+    assert losses[-1] < losses[0] - 0.05 and all(b <= a + 1e-6 for a, b in itertools.pairwise(losses)), losses
+
+
+def test_lora_sharded_micro_batched_update_matches_one_device(setup):
+    tx = ts.make_optimizer(OPTIM)
+    _, one = _lora_state(tx, trained_b=True)
+    graphdef, state = _lora_state(tx, trained_b=False)
+    one_step = ts.grpo_step(graphdef, tx, OPTIM, LOSS, temperature=TEMPERATURE, donate=False)
+    expected, expected_metrics = _to_host(one_step(one, setup["batch"]))
+    mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2))
+    graphdef, state = _lora_state(tx, trained_b=True, mesh=mesh)
+    layout = jax.tree.map(lambda x: x.sharding, state)
+    step = ts.grpo_step(graphdef, tx, dataclasses.replace(OPTIM, micro_batch_size=4), LOSS, temperature=TEMPERATURE,
+                        mesh=mesh)
+    state, metrics = step(state, setup["batch"])
+    assert jax.tree.map(lambda x: x.sharding, state) == layout
+    assert _max_diff(state.params, expected.params) < 1e-6 and _max_diff(state.opt_state, expected.opt_state) < 1e-6
+    np.testing.assert_allclose(metrics["loss"], expected_metrics["loss"], rtol=1e-5)
+
+
+def test_reference_with_adapters_off_is_the_base_model(setup):
+    tx = ts.make_optimizer(OPTIM)
+    graphdef, state = _lora_state(tx, trained_b=True)
+    model = nnx.merge(graphdef, state.params)
+    reference = ts.ReferenceLogprobs(model, state.params, temperature=TEMPERATURE, micro_batch_size=3)
+    assert reference.lora
+    ref = np.asarray(reference(state.params, setup["collated"]))
+    assert np.array_equal(ref, np.asarray(setup["logprob_fn"](setup["state"].params, setup["collated"])))
+    policy = np.asarray(ts.LogprobFn(graphdef, temperature=TEMPERATURE, micro_batch_size=3)(state.params,
+                                                                                          setup["collated"]))
+    assert np.max(np.abs(policy - ref)) > 1e-3  # the adapters are on in the policy
+
+
+def test_reference_without_lora_is_a_frozen_copy_of_the_starting_weights(setup):
+    graphdef, state = ts.init_train_state(_model(), setup["tx"])
+    reference = ts.ReferenceLogprobs(nnx.merge(graphdef, state.params), state.params, temperature=TEMPERATURE,
+                                     micro_batch_size=3)
+    assert not reference.lora
+    step = ts.grpo_step(graphdef, setup["tx"], OPTIM, LOSS, temperature=TEMPERATURE)  # donates `state`
+    state, _ = step(state, setup["batch"])
+    ref = np.asarray(reference(state.params, setup["collated"]))
+    np.testing.assert_array_equal(ref, setup["current"])
+
+
+def test_abstract_lora_state_holds_moments_for_the_adapters_only(setup):
+    tx = ts.make_optimizer(OPTIM)
+    graphdef, abstract = ts.abstract_train_state(lambda: lora_lib.apply_lora(_factory()(), LORA), tx)
+    _, state = _lora_state(tx, trained_b=False)
+    assert jax.tree.structure(abstract) == jax.tree.structure(state)
+    assert [x.shape for x in jax.tree.leaves(abstract)] == [x.shape for x in jax.tree.leaves(state)]
