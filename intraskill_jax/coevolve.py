@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ from etils import epath
 from sim.env import ShopEnv
 from sim.world import World, build_world
 
-from intraskill_jax import distributed, rundir
+from intraskill_jax import distributed, provenance, rundir
 from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.progress import Progress, as_progress
@@ -101,13 +102,15 @@ class Coevolution:
         skipped when already done in `workdir`) and returns the loop on it."""
         workdir, progress = rundir.run_path(workdir), as_progress(progress)
         _check_config_unchanged(config, workdir)  # before any work: a resumed run keeps its config
-        with progress.stage("setup", 1) as bar:
+        with progress.stage("setup", 1) as bar, provenance.stage(workdir, "setup"):
             world = world or build_world(config.sim)
             base = prepare_policy(config, workdir, world)
             bar.update()
+        provenance.record_session(workdir, "train", world)
         mesh = default_mesh(config) if mesh is None else mesh
         # The warm start keeps the base's family, so the agent's tool-call format is read once.
-        policy_path = warm_start(config.for_policy(base), workdir, base, world, progress=progress, mesh=mesh)
+        with provenance.stage(workdir, "warm start", enabled=config.warm_start.enabled):
+            policy_path = warm_start(config.for_policy(base), workdir, base, world, progress=progress, mesh=mesh)
         return cls(config, workdir, policy_path, world=world, progress=progress, mesh=mesh, engine=engine)
 
     # -- state -------------------------------------------------------------------------------------
@@ -166,6 +169,9 @@ class Coevolution:
         bar = self.progress.stage("co-evolution", t.steps, unit="step", initial=learner.step)
         if self._gate_pending(learner.step):
             self.gate()
+        # The wall time of each round's training steps (checkpoints included), for the report; a
+        # round always ends at a gate step (steps = rounds x gate_every).
+        started, first = time.perf_counter(), learner.step + 1
         while learner.step < t.steps:
             m = learner.train_step()
             bar.update(round=self.bank.round, chunks=len(self.bank.active),
@@ -174,8 +180,11 @@ class Coevolution:
                 if learner.step % t.checkpoint_every and learner.step != t.steps:
                     learner.save_checkpoint()  # the gate always starts from a saved checkpoint
                 learner.checkpoints.wait_until_finished()
+                provenance.record_stage(self.workdir, "training", time.perf_counter() - started,
+                                        round=self._round_of(learner.step - 1), steps=[first, learner.step])
                 if self._gate_pending(learner.step):
                     self.gate()
+                started, first = time.perf_counter(), learner.step + 1
         bar.close()
         self.export_final()
         return self.bank
@@ -189,7 +198,8 @@ class Coevolution:
 
     def gate(self) -> SkillBank:
         """Closes the current round: analysts, the three-arm validation, the decision, the commit."""
-        with self.progress.stage("gate", self.config.train.rounds, unit="round", initial=self.bank.round) as bar:
+        with (self.progress.stage("gate", self.config.train.rounds, unit="round", initial=self.bank.round) as bar,
+              provenance.stage(self.workdir, "gate", round=self.bank.round, step=self.learner.step)):
             bank = self._gate()
             bar.update(chunks=len(bank.active))
         return bank

@@ -24,7 +24,7 @@ from etils import epath
 
 from sim.world import World, build_world
 
-from intraskill_jax import rundir
+from intraskill_jax import provenance, rundir, transcript
 from intraskill_jax.policy import default_mesh, load_policy, load_tokenizer, play, prepare_policy
 from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.agent.episode import SkillContext
@@ -118,7 +118,9 @@ def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[C
     # Each policy's agent speaks its own family's tool calls (a mismatch with the config fails here).
     policy_configs = {policy: config.for_policy(path) for policy, path in paths.items()}
     banks = {c.skill: skill_bank(config, workdir, c.skill) for c in conditions}
+    provenance.record_session(workdir, "eval", world)
     rows: list[dict[str, Any]] = []
+    traces: list[dict[str, Any]] = []  # a success and a failure per condition, whole, for the report
     bar = progress.stage("evaluation", len(conditions) * len(tasks), unit="episode")
     mesh = default_mesh(config)
     for version, policy in enumerate(dict.fromkeys(c.policy for c in conditions)):
@@ -134,8 +136,11 @@ def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[C
             bank = banks[cond.skill]
             mask = None if bank is None else (cond.mask if cond.mask is not None else bank.full_mask())
             ctx = SkillContext(bank.render(mask, lang), mask) if bank is not None else SkillContext()
-            trajs = play(engine, world, tokenizer, policy_configs[policy], tasks, [ctx] * len(tasks),
-                         config.eval.sampling, prefix=f"eval-{cond.name}", seed=(config.eval.seed, 0))
+            with provenance.stage(workdir, "evaluation", condition=cond.name, episodes=len(tasks)):
+                trajs = play(engine, world, tokenizer, policy_configs[policy], tasks, [ctx] * len(tasks),
+                             config.eval.sampling, prefix=f"eval-{cond.name}", seed=(config.eval.seed, 0))
+            traces += [{**transcript.episode_transcript(t, tokenizer, world.catalog.tasks[t.task_id]),
+                        "condition": cond.name} for t in transcript.examples(trajs)]
             for t in trajs:
                 rows.append({**rundir.episode_record(t), "condition": cond.name,
                              "policy": policy if policy in ("base", "trained") else str(path),
@@ -146,6 +151,8 @@ def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[C
             bar.update(len(trajs), **{cond.name: f"{success:.3f}"})
     bar.close()
     rundir.write_jsonl(out or rundir.eval_outcomes_path(workdir), rows)
+    if out is None:  # the default conditions' examples; another table (the ranking) keeps its own rows only
+        rundir.write_jsonl(rundir.eval_traces_path(workdir), traces)
     return rows
 
 

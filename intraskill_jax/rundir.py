@@ -13,6 +13,8 @@
     <workdir>/gates/round_K.json                the gate that closed round K (fit, decisions, funnel)
     <workdir>/gates/round_K_episodes.jsonl      its validation episodes (episode_record + arm, mask)
     <workdir>/eval/outcomes.jsonl               test episodes, one per (condition, task)
+    <workdir>/eval/traces.jsonl                 a few of them whole, as text (transcript.py)
+    <workdir>/provenance.jsonl                  versions, machine, split sizes, stage wall times (provenance.py)
     <workdir>/eval/ranking.jsonl                the ranking appendix's episodes (`intraskill rank`)
     <workdir>/bundle/, <workdir>/report/        the shareable copy with its SHA-256 manifest; the site
 
@@ -220,6 +222,14 @@ def gate_episodes_path(workdir: PathLike, round_: int) -> epath.Path:
 
 def eval_outcomes_path(workdir: PathLike) -> epath.Path:
     return run_path(workdir) / "eval" / "outcomes.jsonl"
+
+
+def eval_traces_path(workdir: PathLike) -> epath.Path:
+    return run_path(workdir) / "eval" / "traces.jsonl"
+
+
+def provenance_path(workdir: PathLike) -> epath.Path:
+    return run_path(workdir) / "provenance.jsonl"
 
 
 def ranking_outcomes_path(workdir: PathLike) -> epath.Path:

@@ -236,10 +236,12 @@ def test_two_process_run_has_one_writer_and_the_single_process_files(tmp_path):
               if not (rel.startswith(CHECKPOINTS) and rel.endswith("/array_metadatas/process_1"))]
     assert strays == [], strays
     # The same files as one process's run, each byte for byte, but for what differs by design:
-    # orbax's checkpoint internals (per-process names, timestamps), wall-clock metrics, event files.
+    # orbax's checkpoint internals (per-process names, timestamps), wall-clock metrics, event files,
+    # the provenance (stage wall times, the process count).
     def comparable(files):
         return {k: v for k, v in files.items()
-                if not k.startswith((*CHECKPOINTS, "tb/", "sft/tb/")) and k not in ("metrics.jsonl", "sft/metrics.jsonl")}
+                if not k.startswith((*CHECKPOINTS, "tb/", "sft/tb/"))
+                and k not in ("metrics.jsonl", "sft/metrics.jsonl", "provenance.jsonl")}
 
     got, want = comparable(_files(run)), comparable(_files(reference))
     assert {"base/model.safetensors", "sft/hf/model.safetensors", "hf/final/model.safetensors",
