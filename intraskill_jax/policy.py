@@ -133,7 +133,8 @@ def load_tokenizer(path: rundir.PathLike, agent: AgentConfig) -> Any:
 
     with rundir.local_dir(path, skip=("*.safetensors",)) as local:
         tokenizer = AutoTokenizer.from_pretrained(str(local))
-    check_template(tokenizer, tool_format=agent.tool_format, enable_thinking=agent.enable_thinking)
+    check_template(tokenizer, tool_format=agent.tool_format, enable_thinking=agent.enable_thinking,
+                   tool_style=agent.tool_preamble)
     return tokenizer
 
 

