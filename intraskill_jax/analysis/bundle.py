@@ -9,6 +9,8 @@
       gates.json                 every gate document (fit, decisions, summary, funnel)
       validation_episodes.jsonl  the gates' validation episodes (same tasks at each checkpoint)
       outcomes.jsonl             test episodes, one per (condition, task): the paired outcomes
+      traces.jsonl               a few test episodes whole: every turn's observation, reply and tokens
+      provenance.json            versions, machine, split sizes, stage wall times, the policy's model
       skills/round_K.json        each round's chunks (en and zh) and ledger
       contributions.jsonl        derived: each column's estimate and interval per gate
       paired_outcomes.jsonl      derived: one row per task across conditions
@@ -37,7 +39,7 @@ from etils import epath
 from sim import flagparse
 
 from intraskill_jax import rundir
-from intraskill_jax.analysis import behaviour, results, training
+from intraskill_jax.analysis import behaviour, overview, results, training
 from intraskill_jax.analysis.rundata import (
     AnalysisInputError,
     Problem,
@@ -50,7 +52,9 @@ log = logging.getLogger(__name__)
 
 # /2: conditions and comparisons report the run's own reward as `reward` (it was the strict one)
 # besides `strict` and `success`; `rounds` and `training_funnel` are new.
-BUNDLE_FORMAT = "intraskill-bundle/2"
+# /3: traces.jsonl and provenance.json; series carry a trailing 5-step mean (no EMA); figures gain
+# `headline`, `protocol`, `controls` and `traces`.
+BUNDLE_FORMAT = "intraskill-bundle/3"
 MANIFEST = "manifest.json"
 # name -> JSON kind ("doc" one document, "rows" JSON lines); skills/round_K.json come on top.
 PRIMARY = {
@@ -61,6 +65,8 @@ PRIMARY = {
     "gates.json": "doc",
     "validation_episodes.jsonl": "rows",
     "outcomes.jsonl": "rows",
+    "traces.jsonl": "rows",
+    "provenance.json": "doc",
 }
 DERIVED = {
     "contributions.jsonl": "rows",
@@ -68,7 +74,7 @@ DERIVED = {
     "figures.json": "doc",
 }
 # Fixed so that a recomputation anywhere reproduces the stored intervals bit for bit.
-SETTINGS = {"bootstrap_resamples": 9999, "bootstrap_seed": 0, "confidence": 0.95, "smoothing": 0.9}
+SETTINGS = {"bootstrap_resamples": 9999, "bootstrap_seed": 0, "confidence": 0.95, "mean_window": 5}
 REL_TOL, ABS_TOL = 1e-9, 1e-12
 
 
@@ -89,6 +95,8 @@ class BundleData:
     validation_episodes: list[dict[str, Any]]
     outcomes: list[dict[str, Any]]
     skills: list[dict[str, Any]]
+    traces: list[dict[str, Any]]
+    provenance: dict[str, Any]
     figures: dict[str, Any] | None = None
 
 
@@ -137,6 +145,8 @@ def primary_records(run: RunData) -> dict[str, Any]:
         "gates.json": run.gates,
         "validation_episodes.jsonl": run.gate_episodes,
         "outcomes.jsonl": run.outcomes,
+        "traces.jsonl": run.traces,
+        "provenance.json": run.provenance,
     }
     for s in run.skills:
         records[f"skills/round_{s['round']}.json"] = s
@@ -170,6 +180,8 @@ def _bundle_data(root: epath.Path, docs: dict[str, Any], skills: list[Any], figu
         gates=docs["gates.json"],
         validation_episodes=docs["validation_episodes.jsonl"],
         outcomes=docs["outcomes.jsonl"],
+        traces=docs["traces.jsonl"],
+        provenance=docs["provenance.json"],
         skills=skills,
         figures=figures,
     )
@@ -283,14 +295,20 @@ def derive(data: BundleData) -> dict[str, Any]:
 
 def compute_figures(data: BundleData) -> dict[str, Any]:
     """Every number the report shows, computed from a bundle's primary records."""
-    series = training.training_series(data.metrics, SETTINGS["smoothing"])
+    series = training.training_series(data.metrics, SETTINGS["mean_window"])
     final = {}
     for name, s in series.items():
         last = max((i for i, v in enumerate(s["raw"]) if v is not None), default=None)
         if last is not None:
-            final[name] = {"step": s["step"][last], "raw": s["raw"][last], "smooth": s["smooth"][last]}
+            final[name] = {"step": s["step"][last], "raw": s["raw"][last], "mean": s["mean"][last]}
     steps = [int(r["step"]) for r in data.metrics]
     conditions = results.condition_table(data.outcomes)
+    comparisons = results.paired_comparisons(
+        data.outcomes,
+        confidence=SETTINGS["confidence"],
+        n_resamples=SETTINGS["bootstrap_resamples"],
+        seed=SETTINGS["bootstrap_seed"],
+    )
     return {
         "format": BUNDLE_FORMAT,
         "settings": dict(SETTINGS),
@@ -307,14 +325,12 @@ def compute_figures(data: BundleData) -> dict[str, Any]:
             "conditions": len(conditions),
             "problems": len(data.problems),
             "reward": results.reward_name(data.config),
+            "preset": overview.preset(data.config),
+            **overview.key_counts(data.skills, data.provenance),
         },
+        "headline": overview.headline(comparisons),
         "conditions": conditions,
-        "comparisons": results.paired_comparisons(
-            data.outcomes,
-            confidence=SETTINGS["confidence"],
-            n_resamples=SETTINGS["bootstrap_resamples"],
-            seed=SETTINGS["bootstrap_seed"],
-        ),
+        "comparisons": comparisons,
         "behaviour": {
             "by_condition": behaviour.behaviour_by_condition(data.outcomes),
             "by_checkpoint": behaviour.behaviour_across_checkpoints(data.validation_episodes),
@@ -324,13 +340,16 @@ def compute_figures(data: BundleData) -> dict[str, Any]:
             "final": final,
             "series": series,
         },
-        "groups": training.step_group_stats(data.groups),
+        "groups": training.step_group_stats(data.groups, training.rollout_step_offset(data.metrics, data.groups)),
         "training_funnel": training.training_funnel(data.metrics),
         "gates": training.gate_summaries(data.gates),
         "rounds": training.bank_rounds(data.gates, data.skills),
         "contributions": training.contribution_history(data.gates, data.skills),
         "funnel": training.failure_funnel(data.gates),
         "skills": [_skill_counts(s) for s in data.skills],
+        "protocol": overview.protocol(data.config, data.provenance),
+        "controls": overview.controls(data.config),
+        "traces": overview.traces(data.traces),
     }
 
 

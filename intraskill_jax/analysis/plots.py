@@ -15,13 +15,14 @@ from typing import Any
 from etils import epath
 
 from matplotlib.axes import Axes
+from matplotlib.ticker import MaxNLocator
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from intraskill_jax import rundir
 from intraskill_jax.analysis.behaviour import BEHAVIOUR_FIELDS
 from intraskill_jax.analysis.results import reward_label
-from intraskill_jax.analysis.training import FUNNEL_STAGES
+from intraskill_jax.analysis.training import FUNNEL_STAGES, OPTIMISATION_METRICS
 
 Figures = Mapping[str, Any]
 PlotFn = Callable[[Figures], Figure | None]
@@ -39,31 +40,89 @@ _LABELS = {
 }
 
 
-def plot_training(fig: Figures, max_panels: int = 6) -> Figure | None:
-    """Headline metrics over steps: raw (faint) and EMA-smoothed, gates as dashed lines."""
+_RAW, _MEAN = {"alpha": 0.35, "lw": 1}, {"lw": 2.2}  # the study's "light: raw, solid: 5-step mean"
+TRAINING_PANELS = (("rollout/reward_mean", "training reward (mean per step)"), ("rollout/success", "training success rate"))
+
+
+def _series_panel(ax: Axes, fig: Figures, name: str, ylabel: str, color: str = "#1565c0") -> None:
+    """One metric over steps: raw (light) and its trailing 5-step mean (solid), gates dashed.
+
+    Steps carry a marker, so a metric logged at only a few steps (the update's, when most groups
+    had no reward variance) still shows its points."""
+    s = fig["training"]["series"][name]
+    marker = {"marker": "o", "ms": 3} if len(s["step"]) <= 40 else {}
+    ax.plot(s["step"], _nan(s["raw"]), color=color, label="raw", **_RAW, **marker)
+    ax.plot(s["step"], _nan(s["mean"]), color=color, label="5-step mean", **_MEAN, **marker)
+    for x in (g["step"] for g in fig["gates"]):
+        ax.axvline(x, color="#888", ls="--", lw=0.8)
+    ax.set_xlabel("rollout step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    keep_readable_scale(ax, [*s["raw"], *s["mean"]], rate=_is_rate(name), floor=None if name in _SIGNED else 0.0)
+
+
+def plot_training(fig: Figures) -> Figure | None:
+    """The front page's curve: training reward and success (raw and 5-step mean, gates dashed) and
+    the episodes generated and admitted to the update at each step."""
     series = fig["training"]["series"]
-    names = fig["training"]["headline"][:max_panels]
+    panels = [(n, label) for n, label in TRAINING_PANELS if n in series]
+    counts = [n for n in ("rollout/episodes_generated", "rollout/episodes_admitted") if n in series]
+    if not panels and not counts:
+        return None
+    figure = Figure(figsize=(4.3 * (len(panels) + bool(counts)), 3.3), layout="constrained")
+    axes = list(figure.subplots(1, len(panels) + bool(counts), squeeze=False).ravel())
+    for ax, (name, label) in zip(axes, panels):
+        _series_panel(ax, fig, name, label)
+    axes[0].legend(fontsize=8)
+    if counts:
+        ax = axes[-1]
+        width = 0.4
+        for k, (name, label, color) in enumerate(zip(counts, ("generated", "admitted"), ("#90a4ae", "#1565c0"))):
+            s = series[name]
+            ax.bar([x + (k - 0.5) * width for x in s["step"]], _nan(s["raw"]), width, color=color, label=label)
+        ax.set_xlabel("rollout step")
+        ax.set_ylabel("episodes")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        keep_readable_scale(ax, [v for n in counts for v in series[n]["raw"]], floor=0.0)
+    return figure
+
+
+def plot_optimisation(fig: Figures, cols: int = 3) -> Figure | None:
+    """The optimisation chapter: entropy, PPO KL, clip fractions, gradient norm, throughput and
+    truncation, one panel each (raw and 5-step mean)."""
+    series = fig["training"]["series"]
+    names = [n for n in OPTIMISATION_METRICS if n in series]
     if not names:
         return None
-    cols = min(3, len(names))
+    cols = min(cols, len(names))
     rows = (len(names) + cols - 1) // cols
-    figure = Figure(figsize=(4.2 * cols, 2.8 * rows), layout="constrained")
+    figure = Figure(figsize=(4.2 * cols, 2.9 * rows), layout="constrained")
     axes = figure.subplots(rows, cols, squeeze=False).ravel()
-    gate_steps = [g["step"] for g in fig["gates"]]
     for ax, name in zip(axes, names):
-        s = series[name]
-        ax.plot(s["step"], _nan(s["raw"]), color="#1565c0", alpha=0.3, lw=1, label="raw")
-        ax.plot(s["step"], _nan(s["smooth"]), color="#1565c0", lw=2, label="smoothed")
-        for x in gate_steps:
-            ax.axvline(x, color="#888", ls="--", lw=0.8)
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        keep_readable_scale(ax, [*s["raw"], *s["smooth"]], rate=_is_rate(name))
-    for ax in axes[len(names) :]:
+        _series_panel(ax, fig, name, _METRIC_UNITS.get(name, "value"))
+        ax.set_title(name, fontsize=9)
+    for ax in axes[len(names):]:
         ax.set_visible(False)
     axes[0].legend(fontsize=8)
     return figure
+
+
+_METRIC_UNITS = {
+    "train/entropy": "nats per token",
+    "train/ppo_kl": "KL (old || new)",
+    "train/clipfrac_low": "share of tokens",
+    "train/clipfrac_high": "share of tokens",
+    "train/tis_clip_frac": "share of tokens",
+    "train/grad_norm": "global L2 norm",
+    "perf/rollout_generated_tokens_per_s": "tokens / s",
+    "perf/update_tokens_per_s": "tokens / s",
+    "rollout/truncation_rate": "share of episodes",
+    "rollout/response_tokens_mean": "tokens per episode",
+}
 
 
 def plot_conditions(fig: Figures) -> Figure | None:
@@ -80,10 +139,11 @@ def plot_conditions(fig: Figures) -> Figure | None:
     for ax, (key, title) in zip(axes, panels):
         values = [r[key] for r in table]
         bars = ax.bar(range(len(table)), values, color=colors)
-        ax.bar_label(bars, labels=[f"{v:.3f}" for v in values], fontsize=8)
+        ax.bar_label(bars, labels=[f"{v:.1%}" if key == "success" else f"{v:.3f}" for v in values], fontsize=8)
         ax.set_xticks(range(len(table)), labels, fontsize=8)
         ax.set_ylim(0, max(1.0, max(values) * 1.15))
         ax.set_title(title)
+        ax.set_ylabel("share of tasks" if key == "success" else "mean over tasks")
         ax.grid(axis="y", alpha=0.3)
     return figure
 
@@ -113,6 +173,7 @@ def plot_flips(fig: Figures) -> Figure | None:
         fontsize=8,
     )
     ax.set_xlabel("tasks")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8, ncols=4, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     return figure
 
@@ -136,6 +197,7 @@ def plot_behaviour(fig: Figures) -> Figure | None:
             drawn += values
         ax.set_xticks(range(len(conds)), conds, rotation=30, ha="right", fontsize=8)
         ax.set_title(_LABELS[field], fontsize=10)
+        ax.set_ylabel(f"mean {_LABELS[field]} per episode", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
         keep_readable_scale(ax, drawn, floor=0.0)
     axes[0].legend(fontsize=8)
@@ -157,6 +219,7 @@ def plot_behaviour_checkpoints(fig: Figures) -> Figure | None:
         ax.set_title(_LABELS[field], fontsize=10)
         ax.set_xticks(sorted({r["round"] for r in rows}))
         ax.set_xlabel("gate round")
+        ax.set_ylabel(f"mean {_LABELS[field]} per episode", fontsize=8)
         ax.grid(alpha=0.3)
         keep_readable_scale(ax, [r[field] for r in rows], floor=0.0)
     axes[0].legend(fontsize=8)
@@ -214,6 +277,8 @@ def plot_funnel(fig: Figures) -> Figure | None:
         bars = ax.bar(x, _nan([f[stage] for f in funnel]), width, label=stage.replace("_", " "))
         ax.bar_label(bars, labels=[_fmt(f[stage], "g") for f in funnel], fontsize=7)
     ax.set_xticks(range(len(funnel)), [f"round {f['round']}" for f in funnel])
+    ax.set_ylabel("episodes or proposals")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8, ncols=3)
     ax.grid(axis="y", alpha=0.3)
     keep_readable_scale(ax, [f[stage] for f in funnel for stage in FUNNEL_STAGES], floor=0.0)
@@ -222,6 +287,7 @@ def plot_funnel(fig: Figures) -> Figure | None:
 
 PLOTS: dict[str, PlotFn] = {
     "training": plot_training,
+    "optimisation": plot_optimisation,
     "conditions": plot_conditions,
     "flips": plot_flips,
     "behaviour": plot_behaviour,
@@ -277,7 +343,13 @@ def keep_readable_scale(
 
 
 def _is_rate(metric: str) -> bool:
-    return metric.rsplit("/", 1)[-1].endswith(("success", "rate", "share", "frac"))
+    last = metric.rsplit("/", 1)[-1]
+    return last.endswith(("success", "rate", "share", "frac")) or "frac_" in last or last.startswith("clipfrac")
+
+
+# Metrics that may be negative; any other drawn series is a count, rate, norm or size, kept >= 0
+# when its values are flat.
+_SIGNED = {"train/pg_loss", "train/loss", "train/ppo_kl"}
 
 
 def _nan(values: Sequence[float | None]) -> list[float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -70,6 +71,9 @@ class RunData:
     outcomes: list[dict[str, Any]]  # eval/outcomes.jsonl
     skills: list[dict[str, Any]]  # skill_record() of every round, sorted by round
     problems: list[Problem]
+    traces: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # eval/traces.jsonl
+    # provenance.jsonl's session and stage rows, and the policy's model (`read_model`)
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def read_jsonl_lenient(
@@ -157,6 +161,7 @@ def load_run(workdir: rundir.PathLike, *, strict: bool = False) -> RunData:
     gates, gate_episodes = _read_gates(root, problems)
     skills = _read_skills(root, gates, problems)
     outcomes: list[dict[str, Any]] = []
+    traces: list[dict[str, Any]] = []
     if rundir.eval_outcomes_path(root).is_file():
         outcomes = read_jsonl_lenient(
             rundir.eval_outcomes_path(root),
@@ -165,6 +170,8 @@ def load_run(workdir: rundir.PathLike, *, strict: bool = False) -> RunData:
             ("condition", *EPISODE_REQUIRED),
         )
         outcomes = _one_per_condition_and_task(outcomes, problems)
+        traces = _read_traces(root, problems)
+    provenance = {**_read_provenance(root, problems), "model": read_model(root, config)}
     _note_unfinished_round(metrics, gates, problems)
     if not (metrics or rollouts or gates or skills or outcomes):
         raise RunDataError(
@@ -173,7 +180,69 @@ def load_run(workdir: rundir.PathLike, *, strict: bool = False) -> RunData:
         )
     if strict and problems:
         raise RunDataError(f"run directory {root} is incomplete or damaged", problems)
-    return RunData(root, config, metrics, rollouts, gates, gate_episodes, outcomes, skills, problems)
+    return RunData(root, config, metrics, rollouts, gates, gate_episodes, outcomes, skills, problems, traces, provenance)
+
+
+def _read_traces(root: epath.Path, problems: list[Problem]) -> list[dict[str, Any]]:
+    path = rundir.eval_traces_path(root)
+    if not path.is_file():
+        problems.append(Problem("eval/traces.jsonl", "missing",
+                                "absent (an evaluation from before traces were written): the report shows no trace"))
+        return []
+    return read_jsonl_lenient(path, "eval/traces.jsonl", problems, ("condition", "transcript", *EPISODE_REQUIRED))
+
+
+def _read_provenance(root: epath.Path, problems: list[Problem]) -> dict[str, list[dict[str, Any]]]:
+    """Session rows (versions, machine, splits) and stage rows (wall times) of provenance.jsonl."""
+    path = rundir.provenance_path(root)
+    if not path.is_file():
+        problems.append(Problem("provenance.jsonl", "missing", "absent (a run from before it was written): "
+                                "the report shows no versions, machine or stage times"))
+        return {"sessions": [], "stages": []}
+    rows = read_jsonl_lenient(path, "provenance.jsonl", problems, ("kind",))
+    return {"sessions": [r for r in rows if r["kind"] == "session"],
+            "stages": [r for r in rows if r["kind"] == "stage"]}
+
+
+def read_model(root: epath.Path, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The trained policy's HF config.json and parameter count (from its safetensors headers, no
+    weights read), or the starting policy's while training has not finished; {} when neither is
+    there (the report then leaves the model's facts out)."""
+    final = rundir.final_policy_dir(root)
+    start = (config.get("policy") or {}).get("path") or ""
+    candidates = [("trained policy", final), ("starting policy", rundir.base_policy_dir(root))]
+    if start:
+        candidates.append(("starting policy", rundir.run_path(start)))
+    for which, directory in candidates:
+        try:
+            hf_config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+            parameters, dtypes = _safetensors_parameters(directory)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return {"which": which, "path": str(directory), "policy_path": start, "config": hf_config,
+                "parameters": parameters, "dtypes": dtypes}
+    return {}
+
+
+def _safetensors_parameters(directory: epath.Path) -> tuple[int, dict[str, int]]:
+    """Element count of every tensor stored in `directory` (and per dtype), from the headers alone."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    total, dtypes = 0, {}
+    for name in files:
+        with (directory / name).open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        for key, entry in header.items():
+            if key == "__metadata__":
+                continue
+            n = math.prod(entry["shape"])
+            total += n
+            dtypes[entry["dtype"]] = dtypes.get(entry["dtype"], 0) + n
+    return total, dtypes
 
 
 def _read_config(root: epath.Path, problems: list[Problem]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Training dynamics from a run's records: metric series (raw and smoothed), per-group summaries of
-the training episodes, each chunk's contribution estimate across gates, and the failure funnel.
+"""Training dynamics from a run's records: metric series (raw and a trailing 5-step mean), per-group
+summaries of the training episodes, each chunk's contribution estimate across gates, and the
+failure funnel.
 
 All functions take plain JSON rows (metrics.jsonl rows, rollout episode rows, gate documents) and
 return JSON-able rows, so the bundle can store and recompute them without the trainer.
@@ -28,6 +29,20 @@ HEADLINE_METRICS = (
     "rollout/tokens_per_turn",
     "skills/retry_recovery_rate",
 )
+# The optimisation chapter's metrics, in its order: entropy, PPO diagnostics, gradients,
+# throughput, truncation.
+OPTIMISATION_METRICS = (
+    "train/entropy",
+    "train/ppo_kl",
+    "train/clipfrac_low",
+    "train/clipfrac_high",
+    "train/grad_norm",
+    "train/tis_clip_frac",
+    "perf/rollout_generated_tokens_per_s",
+    "perf/update_tokens_per_s",
+    "rollout/truncation_rate",
+    "rollout/response_tokens_mean",
+)
 FUNNEL_STAGES = ("failures", "recovered_by_retry", "analysed", "proposals", "rejected", "accepted")
 # Ledger action -> how a table heads its count.
 BANK_ACTIONS = {"retain": "retained", "rewrite": "rewritten", "add": "added", "retire": "retired"}
@@ -43,27 +58,27 @@ def merge_steps(metric_rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
     return [{"step": s, **merged[s]} for s in sorted(merged)]
 
 
-def ema(values: Sequence[float | None], smoothing: float = 0.9) -> list[float | None]:
-    """Debiased exponential moving average (TensorBoard's smoothing); None entries stay None and
-    do not move the average."""
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+def trailing_mean(values: Sequence[float | None], window: int = 5) -> list[float | None]:
+    """Mean of each value and the `window - 1` logged values before it (fewer at the start): the
+    study's "5-step mean". None entries stay None and are not counted in a window."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
     out: list[float | None] = []
-    acc, weight = 0.0, 0.0
+    recent: list[float] = []
     for v in values:
         if v is None or not math.isfinite(v):
             out.append(None)
             continue
-        acc = smoothing * acc + (1.0 - smoothing) * v
-        weight = smoothing * weight + (1.0 - smoothing)
-        out.append(acc / weight)  # dividing by the weight removes the bias toward the zero start
+        recent = [*recent[-(window - 1):], float(v)] if window > 1 else [float(v)]
+        out.append(sum(recent) / len(recent))
     return out
 
 
 def training_series(
-    step_rows: Iterable[Mapping[str, Any]], smoothing: float = 0.9
+    step_rows: Iterable[Mapping[str, Any]], window: int = 5
 ) -> dict[str, dict[str, list[Any]]]:
-    """name -> {"step", "raw", "smooth"} over the steps that logged the name (per-step rows)."""
+    """name -> {"step", "raw", "mean"} over the steps that logged the name (per-step rows); "mean"
+    is the trailing `window`-step mean."""
     columns: dict[str, tuple[list[int], list[float | None]]] = {}
     for r in step_rows:
         for name, v in r.items():
@@ -73,7 +88,7 @@ def training_series(
             steps.append(int(r["step"]))
             raw.append(None if v is None else float(v))
     return {
-        name: {"step": steps, "raw": raw, "smooth": ema(raw, smoothing)}
+        name: {"step": steps, "raw": raw, "mean": trailing_mean(raw, window)}
         for name, (steps, raw) in sorted(columns.items())
     }
 
@@ -122,12 +137,13 @@ def group_summaries(rollout_rows: Iterable[Mapping[str, Any]]) -> list[dict[str,
     return out
 
 
-def step_group_stats(groups: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def step_group_stats(groups: Iterable[Mapping[str, Any]], step_offset: int = 0) -> list[dict[str, Any]]:
     """Per step: groups, episodes, the share of groups with no reward variance, retried, and
-    skill-free, and the share of episodes admitted to the update."""
+    skill-free, and the share of episodes admitted to the update. `step` is the group's step plus
+    `step_offset` (see `rollout_step_offset`), so it reads like metrics.jsonl's steps."""
     per_step: dict[int, list[Mapping[str, Any]]] = {}
     for g in groups:
-        per_step.setdefault(int(g["step"]), []).append(g)
+        per_step.setdefault(int(g["step"]) + step_offset, []).append(g)
     out = []
     for step, gs in sorted(per_step.items()):
         episodes = sum(int(g["n"]) for g in gs)
@@ -143,6 +159,15 @@ def step_group_stats(groups: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
             }
         )
     return out
+
+
+def rollout_step_offset(step_rows: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]) -> int:
+    """What to add to a rollout file's step to get the metrics.jsonl step it was logged at: the
+    learner numbers the episodes of a step before it counts the step (files from 0, metric rows
+    from 1). Aligned on the first step of each; 0 when either is missing."""
+    logged = [int(r["step"]) for r in step_rows if any(k.startswith("rollout/") for k in r)]
+    played = [int(g["step"]) for g in groups]
+    return min(logged) - min(played) if logged and played else 0
 
 
 def contribution_history(

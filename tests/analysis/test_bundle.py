@@ -15,7 +15,7 @@ from intraskill_jax.analysis.bundle import BundleError, build_bundle, check_bund
 from intraskill_jax.skills.bank import SkillBank
 
 PRIMARY = ("config.json", "problems.json", "metrics.jsonl", "groups.jsonl", "gates.json", "validation_episodes.jsonl",
-           "outcomes.jsonl")
+           "outcomes.jsonl", "traces.jsonl", "provenance.json")
 DERIVED = ("contributions.jsonl", "paired_outcomes.jsonl", "figures.json")
 
 
@@ -25,7 +25,7 @@ def test_round_trip(tiny, run_dir: Path, bundle_dir: Path) -> None:
     check = check_bundle(bundle_dir)
     skills = [f"skills/round_{k}.json" for k in range(t.rounds + 1)]
     assert bundle.bundle_files(bundle_dir) == sorted([*PRIMARY, *DERIVED, *skills])
-    assert check.files == len(skills) + 10 and check.values > 1000
+    assert check.files == len(skills) + len(PRIMARY) + len(DERIVED) and check.values > 1000
     data = bundle.load_bundle(bundle_dir)
     assert data.outcomes == rundir.read_jsonl(rundir.eval_outcomes_path(run_dir))
     assert data.config == json.loads((run_dir / "config.json").read_text())
@@ -39,6 +39,45 @@ def test_round_trip(tiny, run_dir: Path, bundle_dir: Path) -> None:
     assert figures["run"]["rounds_closed"] == t.rounds and figures["run"]["last_step"] == t.steps
     manifest = json.loads((bundle_dir / "manifest.json").read_text())
     assert sorted(manifest["files"]) == bundle.bundle_files(bundle_dir)
+
+
+def test_traces_and_provenance(tiny, run_dir: Path, bundle_dir: Path) -> None:
+    """The bundle carries the evaluation's traces and the run's provenance as the run wrote them,
+    and the policy's parameter count read from its safetensors headers."""
+    data = bundle.load_bundle(bundle_dir)
+    assert data.traces == rundir.read_jsonl(rundir.eval_traces_path(run_dir)) and data.traces
+    rows = rundir.read_jsonl(rundir.provenance_path(run_dir))
+    assert data.provenance["sessions"] == [r for r in rows if r["kind"] == "session"]
+    assert [s["command"] for s in data.provenance["sessions"]] == ["train", "eval"]
+    stages = [r["stage"] for r in data.provenance["stages"]]
+    t = tiny.config.train
+    assert stages.count("training") == stages.count("gate") == t.rounds and stages.count("evaluation") == 4
+    model = data.provenance["model"]
+    assert model["which"] == "trained policy" and model["config"]["model_type"]
+    from safetensors.numpy import load_file
+
+    weights = load_file(str(rundir.final_policy_dir(run_dir) / "model.safetensors"))
+    assert model["parameters"] == sum(w.size for w in weights.values()) > 0
+    f = data.figures
+    assert f["run"]["parameters"] == model["parameters"] and f["run"]["training_runs"] == 1
+    assert f["protocol"]["splits"]["test"] == tiny.config.sim.splits.num_test
+    assert [r["stage"] for r in f["protocol"]["stage_totals"]][-1] == "total"
+    assert f["controls"] == [{"id": c, "this_run": False} for c in ("plain_grpo", "fixed_skill", "no_mask", "seeds")]
+    for trace in data.traces:  # a trace's turns account for every token of its episode
+        total = trace["prompt_tokens"] + sum(len(u["reply_token_ids"]) + u["observation_tokens"] for u in trace["transcript"])
+        assert sum(len(u["reply_token_ids"]) for u in trace["transcript"]) == trace["generated_tokens"]
+        assert total >= trace["prompt_tokens"] + trace["generated_tokens"]
+        assert trace["task"]["instruction"] in trace["prompt"]
+
+
+def test_edited_trace_is_caught(bundle_copy: Path) -> None:
+    """A trace edited and re-hashed no longer matches the figures derived from it."""
+    path = bundle_copy / "traces.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[0]["reward"] = 0.123
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    bundle.write_manifest(bundle_copy)
+    _expect(bundle_copy, "figures.json", "mismatch", "/traces/0/reward")
 
 
 def _expect(bundle_dir: Path, path: str, kind: str, text: str) -> BundleError:

@@ -37,12 +37,14 @@ def test_partial_run_still_reports(partial_run_dir: Path, tmp_path: Path, capsys
     report_mod.main(["--workdir", str(run), "--out", str(tmp_path / "site"), "--quiet"])
     out = capsys.readouterr().out
     assert f"report: {(tmp_path / 'site' / 'index.html').as_uri()}" in out
-    overview = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    overview = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")  # the front page lists the gaps
     assert "<code>rollouts/step_000001.jsonl</code> (missing)" in overview
     assert "<code>metrics.jsonl</code> (incomplete)" in overview and "round 1 has not closed" in overview
     assert "No evaluation yet" in (tmp_path / "site" / "results.html").read_text(encoding="utf-8")
     made = {p.stem for p in (tmp_path / "site" / "plots").glob("*.svg")}
-    assert made == {"training", "behaviour_checkpoints", "contributions", "funnel"}
+    assert made == {"training", "optimisation", "behaviour_checkpoints", "contributions", "funnel"}
+    for name in ("index.zh.html", "results.zh.html", "task.html"):  # every page, even without an evaluation
+        assert (tmp_path / "site" / name).is_file()
     check_bundle(run / "bundle")
 
 

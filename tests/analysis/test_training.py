@@ -1,4 +1,4 @@
-"""training.py: merged steps, smoothing, group summaries, contribution history and the funnel."""
+"""training.py: merged steps, the 5-step mean, group summaries, contribution history and the funnel."""
 
 from __future__ import annotations
 
@@ -17,20 +17,14 @@ def test_merge_steps_later_write_wins() -> None:
     assert training.merge_steps(rows) == [{"step": 1, "a/y": 5.0}, {"step": 2, "a/x": 4.0, "b/z": 3.0}]
 
 
-def test_ema_is_debiased_and_skips_none() -> None:
-    values = [1.0, None, 3.0, 2.0]
-    s = 0.6
-    got = training.ema(values, s)
-    # Hand: acc_t = s acc + (1-s) v, divided by 1 - s^t over the non-missing values.
-    acc1 = 0.4 * 1.0
-    acc2 = s * acc1 + 0.4 * 3.0
-    acc3 = s * acc2 + 0.4 * 2.0
-    assert got[0] == pytest.approx(1.0) and got[1] is None
-    assert got[2] == pytest.approx(acc2 / (1 - s**2))
-    assert got[3] == pytest.approx(acc3 / (1 - s**3))
-    assert training.ema([2.0, 2.0], 0.0) == [2.0, 2.0]
-    with pytest.raises(ValueError, match="smoothing"):
-        training.ema([1.0], 1.0)
+def test_trailing_mean_is_the_studys_five_step_mean() -> None:
+    values = [1.0, None, 3.0, 2.0, 6.0, 4.0, 9.0]
+    got = training.trailing_mean(values, 5)
+    # Hand: the mean of each value and the (up to) four logged values before it; None is skipped.
+    assert got == [1.0, None, 2.0, 2.0, 3.0, 3.2, 4.8]
+    assert training.trailing_mean([2.0, 4.0], 1) == [2.0, 4.0]
+    with pytest.raises(ValueError, match="window"):
+        training.trailing_mean([1.0], 0)
 
 
 def test_training_series_and_headline(tiny, run_dir: Path) -> None:

@@ -1,6 +1,17 @@
 // Behaviour explorer: renders the summary rows embedded in the page (from figures.json) and
-// filters them by source, outcome and group. No network access; works from file://.
+// filters them by source, outcome and group. No network access; works from file://. The words
+// (source and outcome names) come with the rows, in the page's language.
 "use strict";
+
+// A link to a folded case (#trace-3) unfolds it.
+(function () {
+  function openTarget() {
+    const el = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+    if (el && el.tagName === "DETAILS") el.open = true;
+  }
+  window.addEventListener("hashchange", openTarget);
+  openTarget();
+})();
 
 (function () {
   const payload = JSON.parse(document.getElementById("behaviour-data").textContent);
@@ -9,6 +20,7 @@
   const source = document.getElementById("f-source");
   const outcome = document.getElementById("f-outcome");
   const group = document.getElementById("f-group");
+  const label = (key) => payload.labels[key] || key;
 
   // Same formats as the Python pages (site.fmt_value): counts as integers, means to 2 decimals.
   function numberCell(value, pointer, fmt) {
@@ -42,7 +54,7 @@
       const tr = document.createElement("tr");
       tr.dataset.source = row.source;
       tr.dataset.outcome = row.outcome;
-      tr.append(textCell(row.source), textCell(row.group), textCell(row.outcome));
+      tr.append(textCell(label(row.source)), textCell(row.group), textCell(label(row.outcome)));
       tr.append(numberCell(row.values.n, row.pointer + "/n", "int"));
       for (const field of payload.fields) {
         tr.append(numberCell(row.values[field], row.pointer + "/" + field, "f2"));
