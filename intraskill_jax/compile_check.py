@@ -51,6 +51,7 @@ from intraskill_jax.agent.trajectory import bucket_length
 from intraskill_jax.errors import CheckpointError
 from intraskill_jax.models import ModelConfig, causal_lm_class, config_from_file, init_cache
 from intraskill_jax.models import acquire
+from intraskill_jax.models import lora as lora_lib
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.rl.train_step import (
     LogprobFn,
@@ -206,8 +207,9 @@ def _abstract(shape: tuple[int, ...], dtype: Any, sharding: NamedSharding) -> ja
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
 
-def _train_batch(rows: int, length: int, mesh: Mesh, *, grpo: bool) -> TrainBatch:
-    """What `Learner._update` gives the update (grpo) and the log-prob pass, as abstract leaves."""
+def _train_batch(rows: int, length: int, mesh: Mesh, *, grpo: bool, kl: bool = False) -> TrainBatch:
+    """What `Learner._update` gives the update (grpo; with the reference's log-probs when `kl`) and
+    the log-prob pass, as abstract leaves."""
     def leaf(dtype: Any, shape: tuple[int, ...] = (rows, length)) -> jax.ShapeDtypeStruct:
         return _abstract(shape, dtype, row_sharding(shape, mesh))
 
@@ -216,7 +218,7 @@ def _train_batch(rows: int, length: int, mesh: Mesh, *, grpo: bool) -> TrainBatc
     if not grpo:
         return batch
     return batch._replace(advantages=leaf(jnp.float32, (rows,)), rollout_logprobs=leaf(jnp.float32),
-                          old_logprobs=leaf(jnp.float32))
+                          old_logprobs=leaf(jnp.float32), ref_logprobs=leaf(jnp.float32) if kl else None)
 
 
 def _top_name(path: tuple[Any, ...], names: Sequence[str]) -> str:
@@ -230,8 +232,14 @@ def _state_group(path: tuple[Any, ...]) -> str:
 
 
 def trainer_programs(config: runconfig.RunConfig, mc: ModelConfig, mesh: Mesh, names: Sequence[str]) -> list[Program]:
-    """The GRPO update and the log-prob pass, traced as `Learner` builds them."""
-    factory = lambda: causal_lm_class(mc)(mc, rngs=nnx.Rngs(0))  # noqa: E731
+    """The GRPO update and the log-prob pass, traced as `Learner` builds them (with its adapters
+    when it trains LoRA: the optimizer state is then the adapters' moments only)."""
+    lora = config.train.lora
+
+    def factory() -> nnx.Module:
+        model = causal_lm_class(mc)(mc, rngs=nnx.Rngs(0))
+        return lora_lib.apply_lora(model, lora) if lora.enabled else model
+
     optim, rows = config.train.optim, batch_rows(config)
     length = bucket_length(config.agent.max_context_tokens)
     tx = make_optimizer(optim)
@@ -248,7 +256,7 @@ def trainer_programs(config: runconfig.RunConfig, mc: ModelConfig, mesh: Mesh, n
     out = []
     if "train_step" in names:
         step = grpo_step(graphdef, tx, optim, config.train.loss, temperature=temperature, mesh=mesh)
-        args = (state, _train_batch(rows, length, mesh, grpo=True))
+        args = (state, _train_batch(rows, length, mesh, grpo=True, kl=config.train.loss.kl_coef > 0))
         out.append(Program(name="train_step", traced=step.trace(*args), args=args, group=_state_group,
                            while_trips=1, runs=True, knobs=knobs))
     if "logprobs" in names:

@@ -193,3 +193,15 @@ def test_a_llama_checkpoint_compiles_for_the_slice(tmp_path):
     params = predicted_param_bytes(model_config, report.mesh)
     for program in report.programs:
         assert program.fits and program.error is None and program.arguments["params"] == params, program.name
+
+
+@needs_libtpu
+def test_lora_with_a_kl_penalty_compiles_with_the_adapters_moments_only():
+    topology = compile_check.parse_topology("v5p:2x2x1")
+    full, lora = (compile_check.check(tiny_config(**overrides), topology, programs=("train_step",)).programs[0]
+                  for overrides in ({}, {"train.lora.enabled": True, "train.lora.rank": 4, "train.loss.kl_coef": 0.05}))
+    assert lora.fits and lora.error is None
+    # The adapters' two moments (rank 4 on the attention and MLP projections) against every parameter's.
+    assert lora.arguments["optimizer"] < 0.25 * full.arguments["optimizer"]
+    assert lora.arguments["params"] > full.arguments["params"]  # the base weights plus the adapters
+    assert lora.arguments["batch"] > full.arguments["batch"]  # the reference's log-probs

@@ -387,16 +387,20 @@ class UpdateStep:
         totals = _totals(batch)
         micro = _micro_batches(batch, num_micro)
         graphdef, loss_fn = self.graphdef, self._loss_fn
-        # Only the trainable part is an argument of the gradient: the frozen rest (a LoRA model's
-        # base weights) enters as a constant operand, so no gradient is formed for it.
+        # Only the trainable part is differentiated: the frozen rest (a LoRA model's base weights)
+        # is an operand without a gradient.
         trained, frozen = nnx.split_state(state.params, lora_lib.trainable(state.params), ...)
 
-        def micro_loss(trained: nnx.State, mb: TrainBatch):
+        def micro_loss(trained: nnx.State, frozen: nnx.State, mb: TrainBatch):
+            # jax.grad hands its non-differentiated arguments in as they are; remat'd layers cannot
+            # merge Variables made outside the traced function (flax's TraceContextError), so the
+            # frozen ones are made afresh here.
+            frozen = jax.tree.map(lambda x: x, frozen)
             return loss_fn(nnx.merge(graphdef, trained, frozen), mb, totals)
 
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
         first = jax.tree.map(lambda x: x[0], micro)
-        metric_shapes = jax.eval_shape(micro_loss, trained, first)[1]
+        metric_shapes = jax.eval_shape(micro_loss, trained, frozen, first)[1]
 
         def zeros_f32(x: Any) -> jax.Array:
             return jnp.zeros(jnp.shape(x), jnp.float32)
@@ -408,7 +412,7 @@ class UpdateStep:
 
         def accumulate(carry, mb):
             loss_sum, grad_sum, metric_sum = carry
-            (loss, metrics), grads = grad_fn(trained, mb)
+            (loss, metrics), grads = grad_fn(trained, frozen, mb)
             grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
             metric_sum = jax.tree.map(lambda a, m: a + m.astype(jnp.float32), metric_sum, metrics)
             return loss_sum + loss, grad_sum, metric_sum

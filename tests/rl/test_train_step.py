@@ -242,10 +242,10 @@ def test_loss_decreases_over_updates_on_a_fixed_batch(setup):
 LORA = LoRAConfig(enabled=True, rank=4, alpha=8.0)
 
 
-def _lora_state(tx, *, trained_b: bool, mesh=None):
+def _lora_state(tx, *, trained_b: bool, mesh=None, config: ModelConfig = CONFIG):
     """A LoRA model's train state; with `trained_b` the adapters' B is random (as after some
     updates), so A gets gradients too (with B = 0 it gets none)."""
-    model = lora_lib.apply_lora(_model(mesh=mesh), LORA, seed=5)
+    model = lora_lib.apply_lora(_model(config, mesh=mesh), LORA, seed=5)
     if trained_b:
         b_only = nnx.filter_state(nnx.state(model, nnx.LoRAParam), lambda path, _: path[-1] == "lora_b")
         nnx.update(model, jax.tree.map(lambda x: 0.3 * jax.random.normal(jax.random.key(7), x.shape), b_only))
@@ -322,14 +322,14 @@ def test_lora_update_lowers_the_loss_on_a_fixed_batch(setup):
     assert losses[-1] < losses[0] - 0.05 and all(b <= a + 1e-6 for a, b in itertools.pairwise(losses)), losses
 
 
-def test_lora_sharded_micro_batched_update_matches_one_device(setup):
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_lora_sharded_micro_batched_update_matches_one_device(setup, remat):
     tx = ts.make_optimizer(OPTIM)
-    _, one = _lora_state(tx, trained_b=True)
-    graphdef, state = _lora_state(tx, trained_b=False)
+    graphdef, one = _lora_state(tx, trained_b=True)
     one_step = ts.grpo_step(graphdef, tx, OPTIM, LOSS, temperature=TEMPERATURE, donate=False)
     expected, expected_metrics = _to_host(one_step(one, setup["batch"]))
     mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2))
-    graphdef, state = _lora_state(tx, trained_b=True, mesh=mesh)
+    graphdef, state = _lora_state(tx, trained_b=True, mesh=mesh, config=CONFIG.replace(remat=remat))
     layout = jax.tree.map(lambda x: x.sharding, state)
     step = ts.grpo_step(graphdef, tx, dataclasses.replace(OPTIM, micro_batch_size=4), LOSS, temperature=TEMPERATURE,
                         mesh=mesh)
