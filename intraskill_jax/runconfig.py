@@ -36,6 +36,7 @@ from sim.config import SimConfig
 
 from intraskill_jax.agent.episode import AgentConfig
 from intraskill_jax.errors import ConfigError
+from intraskill_jax.models import lora as lora_lib
 from intraskill_jax.models.params import checkpoint_family
 from intraskill_jax.models.sharding import MeshConfig
 from intraskill_jax.rl.learner import TrainConfig
@@ -235,7 +236,29 @@ class RunConfig:
             raise ConfigError(f"agent.tool_format={chosen!r} but the policy at {path} is model family {family.name!r}, "
                               f"whose tool calls are {family.tool_format!r}; drop agent.tool_format (it follows the "
                               "policy) or load a policy that writes that format")
+        self._check_lora_targets(path)
         return dataclasses.replace(self, agent=dataclasses.replace(self.agent, tool_format=family.tool_format))
+
+    def _check_lora_targets(self, path: str | Path) -> None:
+        """The adapters' targets against the policy's linear layers, before the warm start or the first
+        step (the model is only traced, nothing is allocated)."""
+        stages = [("train.lora", self.train.lora)]
+        if self.warm_start.enabled:
+            stages.append(("warm_start.sft.lora", self.warm_start.sft.lora))
+        stages = [(where, lora) for where, lora in stages if lora.enabled]
+        if not stages:
+            return
+        from flax import nnx
+
+        from intraskill_jax.models import causal_lm_class, config_from_file
+
+        model_config = config_from_file(path)
+        model = nnx.eval_shape(lambda: causal_lm_class(model_config)(model_config, rngs=nnx.Rngs(0)))
+        for where, lora in stages:
+            try:
+                lora_lib.check_targets(lora, model)
+            except ValueError as e:
+                raise ConfigError(f"{where}.{e} (the policy at {path}); fix {where}.targets") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -3,6 +3,7 @@ one ConfigError line at load (naming the field, the value and the fix) before an
 misspelt key names its nearest keys, on the command line and in a mapping alike."""
 
 import inspect
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,23 @@ def test_one_error_class_per_kind():
     with pytest.raises(runconfig.ConfigError, match="catalog.num_products"):  # raised inside sim/
         runconfig.with_overrides(runconfig.load_file(SMOKE), {"sim.catalog.num_products": 0})
     assert checkpoint.CheckpointError is params.CheckpointError is errors.CheckpointError
+
+
+def test_lora_targets_are_checked_against_the_policy_before_any_work(tmp_path):
+    from intraskill_jax.models import ModelConfig, hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(ModelConfig.tiny_qwen3())))
+    smoke = runconfig.load_file(SMOKE)
+    assert smoke.warm_start.enabled
+    ok = runconfig.with_overrides(smoke, {"train.lora.enabled": True, "warm_start.sft.lora.enabled": True})
+    assert ok.for_policy(tmp_path).agent.tool_format == "json"
+    for where in ("train.lora", "warm_start.sft.lora"):
+        bad = runconfig.with_overrides(smoke, {f"{where}.enabled": True, f"{where}.targets": ["q_proj", "in_proj_qkv"]})
+        with pytest.raises(runconfig.ConfigError) as err:
+            bad.for_policy(tmp_path)
+        message = str(err.value)
+        assert "\n" not in message and message.startswith(f"{where}.targets names ['in_proj_qkv']"), message
+        assert "'up_proj'" in message and f"fix {where}.targets" in message
+    # The warm start's adapters are not checked when it does not run.
+    runconfig.with_overrides(smoke, {"warm_start.enabled": False, "warm_start.sft.lora.enabled": True,
+                                     "warm_start.sft.lora.targets": ["nothing"]}).for_policy(tmp_path)

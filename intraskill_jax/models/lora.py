@@ -92,6 +92,21 @@ def _linears(model: nnx.Module) -> Iterator[tuple[tuple[Any, ...], Linear]]:
             yield path, module
 
 
+def linear_names(model: nnx.Module) -> list[str]:
+    """The attribute names of `model`'s linear layers (what `LoRAConfig.targets` may name); works on
+    an abstract model (`nnx.eval_shape`) too."""
+    return sorted({str(path[-1]) for path, _ in _linears(model)})
+
+
+def check_targets(config: LoRAConfig, model: nnx.Module) -> None:
+    """Raises ValueError naming the targets that no linear layer of `model` has, and the ones it has."""
+    names = linear_names(model)
+    missing = [t for t in config.targets if t not in names]
+    if missing:
+        raise ValueError(f"targets names {missing}, which no linear layer of this {type(model).__name__} has; its "
+                         f"linear layers are {names}")
+
+
 def apply_lora(model: M, config: LoRAConfig, *, seed: int = 0,
                mesh: jax.sharding.Mesh | None = None,
                rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES) -> M:
@@ -102,12 +117,8 @@ def apply_lora(model: M, config: LoRAConfig, *, seed: int = 0,
     the small updates) and computed in the layer's compute dtype. On a mesh they are laid out like
     their layer (A's rows like W's columns, B's columns like W's rows).
     """
+    check_targets(config, model)
     linears = list(_linears(model))
-    names = sorted({str(path[-1]) for path, _ in linears})
-    missing = [t for t in config.targets if t not in names]
-    if missing:
-        raise ValueError(f"lora.targets names {missing}, which no linear layer of this {type(model).__name__} has; "
-                         f"its linear layers are {names}")
     rngs = nnx.Rngs(params=seed)
     for path, linear in linears:
         if path[-1] not in config.targets:
