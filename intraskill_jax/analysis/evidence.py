@@ -272,6 +272,8 @@ def optimisation(page: Page) -> None:
     page.add(page.paras("ch6.logs", steps=page.num("int", "run", "steps"),
                         updated=page.maybe("int", "training_funnel", "steps_updated"),
                         logged=page.maybe("int", "training_funnel", "steps_with_update")))
+    if not any(m.startswith("train/") and m in final for m in OPTIMISATION_METRICS):
+        page.empty("ch6.no_update")
     page.plot("optimisation", "fig.optimisation")
     shown = [m for m in OPTIMISATION_METRICS if m in final]
     page.table([page.t("col.metric"), page.t("col.what"), page.t("col.step"), page.t("col.last"), page.t("col.mean5")],

@@ -86,3 +86,25 @@ def test_flat_counts_and_rates_start_at_zero() -> None:
     ax.set_ylim(-3, 7)
     plots.keep_readable_scale(ax, [0.0, 0.5])  # a real spread keeps matplotlib's own scale
     assert ax.get_ylim() == (-3.0, 7.0)
+
+
+def test_flat_training_curves_keep_a_readable_axis(figures: dict) -> None:
+    """A run whose every metric stayed at one value (nothing admitted, nothing learned) still draws
+    axes a reader can read: a real range around the value, no 1e-17 offset, every panel labelled."""
+    import copy
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    flat = copy.deepcopy(figures)
+    for name, s in flat["training"]["series"].items():
+        value = 1.0 if name.endswith("truncation_rate") else 0.0
+        s["raw"] = [value + 1e-17 * i for i in range(len(s["raw"]))]
+        s["mean"] = list(s["raw"])
+    for plot in (plots.plot_training, plots.plot_optimisation):
+        figure = plot(flat)
+        FigureCanvasAgg(figure).draw()
+        for ax in (a for a in figure.axes if a.get_visible()):
+            low, high = ax.get_ylim()
+            assert high - low >= 0.5, (plot.__name__, ax.get_title(), low, high)
+            assert ax.yaxis.get_offset_text().get_text() == ""
+            assert ax.get_xlabel() and ax.get_ylabel(), (plot.__name__, ax.get_title())

@@ -504,6 +504,8 @@ TEXT = {
     "metric.perf/update_tokens_per_s": "tokens per second of the GRPO update",
     "metric.rollout/truncation_rate": "share of episodes cut by a turn, context or step limit",
     "metric.rollout/response_tokens_mean": "generated tokens per episode",
+    "ch6.no_update": "No step updated the policy, so the update's diagnostics (entropy, PPO KL, clipping, "
+                     "gradient norm) were never logged; what the rollouts logged is below.",
     "ch6.groups_title": "Training groups per step",
     "ch6.groups": "The share of groups without reward variance counts discarded groups, not the prevalence of "
                   "equal-reward outcomes among all episodes.",

@@ -458,6 +458,7 @@ TEXT = {
     "metric.perf/update_tokens_per_s": "GRPO 更新每秒处理的 token 数",
     "metric.rollout/truncation_rate": "因轮次、上下文或步数上限被截断的回合比例",
     "metric.rollout/response_tokens_mean": "每个回合生成的 token 数",
+    "ch6.no_update": "没有任何一步更新了策略，因此更新的诊断（熵、PPO KL、裁剪、梯度范数）从未被记录；下面是采样记录的指标。",
     "ch6.groups_title": "每步的训练组",
     "ch6.groups": "奖励无差异的组所占比例统计的是被丢弃的组，而不是所有回合中奖励相同的普遍程度。",
     "ch6.last_title": "所有记录的指标",
