@@ -12,7 +12,8 @@ them, so no parameter is ever materialised. The programs, at the largest shapes 
   train_step  the GRPO update (`rl.train_step.grpo_step`): micro-batch scan, remat and gradient
               accumulation as configured, over the most rows a step holds (groups x G, doubled
               for retries) at the longest context (agent.max_context_tokens, bucketed)
-  logprobs    the trainer's log-prob pass (`LogprobFn`) over the same batch
+  logprobs    the trainer's log-prob pass (`LogprobFn`) over the same batch (run at the rollout
+              weights with train.updates_per_batch > 1, and for the reference with a KL penalty)
   prefill     the embedded sampler's prefill of its largest bucket into a cache of
               rollout.sampler.max_length slots for rollout.sampler.max_batch rows
   decode      its decode loop (bucketed rollout.sampling.max_new_tokens steps) over that cache
@@ -207,9 +208,10 @@ def _abstract(shape: tuple[int, ...], dtype: Any, sharding: NamedSharding) -> ja
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
 
-def _train_batch(rows: int, length: int, mesh: Mesh, *, grpo: bool, kl: bool = False) -> TrainBatch:
-    """What `Learner._update` gives the update (grpo; with the reference's log-probs when `kl`) and
-    the log-prob pass, as abstract leaves."""
+def _train_batch(rows: int, length: int, mesh: Mesh, *, grpo: bool, kl: bool = False,
+                 old: bool = False) -> TrainBatch:
+    """What `Learner._update` gives the update (grpo; with the reference's log-probs when `kl`, the
+    rollout weights' when `old`: several updates per batch) and the log-prob pass, as abstract leaves."""
     def leaf(dtype: Any, shape: tuple[int, ...] = (rows, length)) -> jax.ShapeDtypeStruct:
         return _abstract(shape, dtype, row_sharding(shape, mesh))
 
@@ -218,7 +220,8 @@ def _train_batch(rows: int, length: int, mesh: Mesh, *, grpo: bool, kl: bool = F
     if not grpo:
         return batch
     return batch._replace(advantages=leaf(jnp.float32, (rows,)), rollout_logprobs=leaf(jnp.float32),
-                          old_logprobs=leaf(jnp.float32), ref_logprobs=leaf(jnp.float32) if kl else None)
+                          old_logprobs=leaf(jnp.float32) if old else None,
+                          ref_logprobs=leaf(jnp.float32) if kl else None)
 
 
 def _top_name(path: tuple[Any, ...], names: Sequence[str]) -> str:
@@ -256,7 +259,8 @@ def trainer_programs(config: runconfig.RunConfig, mc: ModelConfig, mesh: Mesh, n
     out = []
     if "train_step" in names:
         step = grpo_step(graphdef, tx, optim, config.train.loss, temperature=temperature, mesh=mesh)
-        args = (state, _train_batch(rows, length, mesh, grpo=True, kl=config.train.loss.kl_coef > 0))
+        args = (state, _train_batch(rows, length, mesh, grpo=True, kl=config.train.loss.kl_coef > 0,
+                                    old=config.train.updates_per_batch > 1))
         out.append(Program(name="train_step", traced=step.trace(*args), args=args, group=_state_group,
                            while_trips=1, runs=True, knobs=knobs))
     if "logprobs" in names:

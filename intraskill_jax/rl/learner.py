@@ -6,9 +6,12 @@ Orchestration only; every numeric piece lives elsewhere (`rl/rollouts.py`, `rl/g
 1. take the next `groups_per_step` training tasks from a seeded permutation (the data cursor);
 2. ask `contexts_fn` for each group's context (the skill text and mask; empty for plain GRPO);
 3. roll out `group_size` siblings per task with the current weights;
-4. drop zero-variance groups; recompute the trainer's log-probs at the rollout weights (for TIS
-   and the rollout/trainer mismatch metric) and, with a KL penalty, the reference policy's; run
-   one optimizer update;
+4. drop zero-variance groups; with a KL penalty, score the batch under the reference policy; run
+   `updates_per_batch` optimizer updates over the whole batch. One update is on-policy: the loss
+   takes its own log-probs (stop-gradient) as the "old" ones, so the ratio is exactly 1 and no
+   separate scoring pass runs; TIS still weighs them against the rollout's. Several updates score
+   the batch once at the rollout weights first, and each later update's ratio moves against
+   those and is clipped (PPO's epochs);
 5. hand the new weights to the rollout engine (`update_weights`: the model in memory, and an HF
    directory `<workdir>/hf/weight_vNNNNNN/` published only for an engine that asks for one);
    with LoRA (`train.lora`) only the adapters train, and the engine and the export get the
@@ -68,6 +71,13 @@ class TrainConfig:
         loop closes a round with the gate every `gate_every` steps.
       groups_per_step / group_size: tasks per step and siblings per task (G).
       scale_by_std: divide advantages by the group std (False: Dr.GRPO).
+      updates_per_batch: optimizer updates per step, each over the step's whole batch (GRPO's mu,
+        Tunix's num_iterations). Whole batches rather than PPO's shuffled mini-batches: a step's
+        batch is small and its row count varies (zero-variance groups are dropped), so cutting
+        it would make the number of updates per step vary with it, while `optim.micro_batch_size`
+        already bounds the memory of one pass. `optim.warmup_steps` and `optim.total_steps`
+        count updates (steps x updates_per_batch); the step's `train/` metrics are the means over
+        its updates.
       checkpoint_every: steps between checkpoints (the last step and round ends are always saved).
       seed: data order, masks and sampling (and the adapters' initial A).
       optim / loss: the optimizer and the GRPO loss; `loss.kl_coef > 0` adds the KL penalty to the
@@ -81,6 +91,7 @@ class TrainConfig:
     groups_per_step: int = 4
     group_size: int = 8
     scale_by_std: bool = True
+    updates_per_batch: int = 1
     checkpoint_every: int = 5
     seed: int = 0
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(learning_rate=1e-6))
@@ -92,7 +103,7 @@ class TrainConfig:
         return self.rounds * self.gate_every
 
     def __post_init__(self) -> None:
-        for name in ("rounds", "gate_every", "groups_per_step", "checkpoint_every"):
+        for name in ("rounds", "gate_every", "groups_per_step", "updates_per_batch", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}={getattr(self, name)}: must be >= 1; set train.{name} to 1 or more")
         if self.group_size < 2:
@@ -149,8 +160,9 @@ class Learner:
             lora_lib.apply_lora(model, config.lora, seed=config.seed, mesh=mesh)
         self.graphdef, self.state = init_train_state(model, tx, mesh=mesh)
         self.update = grpo_step(self.graphdef, tx, optim, config.loss, temperature=sampling.temperature, mesh=mesh)
-        self.old_logprobs = LogprobFn(self.graphdef, temperature=sampling.temperature,
-                                      micro_batch_size=optim.micro_batch_size, mesh=mesh)
+        # Only several updates per batch need the log-probs at the rollout weights (see `_update`).
+        self.old_logprobs = None if config.updates_per_batch == 1 else LogprobFn(
+            self.graphdef, temperature=sampling.temperature, micro_batch_size=optim.micro_batch_size, mesh=mesh)
         # Taken before any update (they donate the parameters) and before a resume restores
         # trained weights: the reference is the policy the run started from.
         self.ref_logprobs = None if config.loss.kl_coef == 0 else ReferenceLogprobs(
@@ -225,7 +237,12 @@ class Learner:
 
     def _update(self, exp: Experience) -> dict[str, float]:
         collated = collate(exp.train_trajectories, self.tokenizer.pad_token_id)
-        old = np.asarray(self.old_logprobs(self.state.params, collated, pad_to=self.pad_rows_to))
+        # Taken before the first update: the rollout weights are the ones every pass's ratio is
+        # against. With one pass the loss uses its own log-probs (None: the same ratio of 1, one
+        # forward pass fewer).
+        old = None
+        if self.old_logprobs is not None:
+            old = np.asarray(self.old_logprobs(self.state.params, collated, pad_to=self.pad_rows_to))
         ref = None
         if self.ref_logprobs is not None:
             ref = np.asarray(self.ref_logprobs(self.state.params, collated, pad_to=self.pad_rows_to))
@@ -233,12 +250,16 @@ class Learner:
                          self.pad_rows_to)
         tokens = float(np.asarray(collated["loss_mask"]).sum())
         t0 = time.perf_counter()
-        self.state, m = self.update(self.state, batch)
-        m = jax.device_get(m)
+        passes = []
+        for _ in range(self.config.updates_per_batch):
+            self.state, m = self.update(self.state, batch)
+            passes.append(m)
+        passes = jax.device_get(passes)
         seconds = time.perf_counter() - t0
-        out = {f"train/{k}": float(v) for k, v in m.items()}
+        out = {f"train/{k}": float(np.mean([m[k] for m in passes])) for k in passes[0]}
         out["perf/update_seconds"] = seconds
-        out["perf/update_tokens_per_s"] = float(np.asarray(collated["attention_mask"]).sum()) / max(seconds, 1e-9)
+        scored = float(np.asarray(collated["attention_mask"]).sum()) * len(passes)
+        out["perf/update_tokens_per_s"] = scored / max(seconds, 1e-9)
         out["train/trained_tokens"] = tokens
         return out
 

@@ -155,13 +155,17 @@ def read_rows(workdir):
 
 
 def test_steps_update_push_log_checkpoint_and_resume_identically(world_tok, tmp_path, monkeypatch, shared_programs):
+    """Two optimizer updates per batch (the old log-probs taken once at the rollout weights), so the
+    resumed run must also restore the optimizer state those updates built."""
     world, tok = world_tok
     engine = MixedEngine(world, tok)
     patch_envs(engine, monkeypatch)
-    full, seen = make(world, tok, tmp_path / "full", engine)
+    full, seen = make(world, tok, tmp_path / "full", engine, updates_per_batch=2)
     for _ in range(2):
         full.train_step()
     assert full.step == 2 and full.checkpoints.all_steps() == [2]
+    updates = sum(r["train/updated"] for r in read_rows(tmp_path / "full"))
+    assert int(full.state.step) == 2 * updates  # the optimizer's count: two updates per batch
     while full.step < full.config.steps:  # the rest, without interruption (state stays in memory)
         full.train_step()
     full.close()
@@ -179,7 +183,7 @@ def test_steps_update_push_log_checkpoint_and_resume_identically(world_tok, tmp_
     shutil.rmtree(tmp_path / "killed" / "checkpoints" / "3")
     resumed_engine = MixedEngine(world, tok)
     patch_envs(resumed_engine, monkeypatch)
-    resumed, seen2 = make(world, tok, tmp_path / "killed", resumed_engine)
+    resumed, seen2 = make(world, tok, tmp_path / "killed", resumed_engine, updates_per_batch=2)
     assert resumed.step == 2 and resumed.cursor.position == 2 and resumed_engine.pushed == [2]
     while resumed.step < resumed.config.steps:
         resumed.train_step()
@@ -249,3 +253,68 @@ def test_kl_penalty_to_the_starting_policy_with_and_without_lora(world_tok, tmp_
     reference = _host(resumed.ref_logprobs.params(resumed.state.params))
     assert len(reference) == len(start) and all(np.array_equal(a, b) for a, b in zip(reference, start))
     resumed.close()
+
+
+# -- optimizer updates per batch -----------------------------------------------------------------
+
+# Adam's eps raised (as in test_train_step.py): a parameter whose gradient is round-off moves by
+# ~0 instead of by +-lr, whose sign two equal updates could disagree on.
+PASSES_OPTIM = OptimConfig(learning_rate=1e-3, eps=1e-4)
+
+
+def test_one_update_per_batch_is_on_policy_without_an_old_logprob_pass(world_tok, tmp_path, monkeypatch,
+                                                                       shared_programs):
+    """One update with no old log-probs (the loss's own, stop-gradient) is the update the learner
+    made before `updates_per_batch` existed, with the old log-probs scored by a separate pass.
+
+    Sabotage checked: `policy_loss` taking `old_logprobs = logprobs` without the stop-gradient
+    (the ratio's gradient vanishes, nothing trains) fails "the update moved the weights";
+    dropping the rollout log-probs from the one-pass batch (no TIS) fails the parameter comparison."""
+    world, tok = world_tok
+    learners = []
+    for name in ("none", "scored"):
+        engine = MixedEngine(world, tok)
+        patch_envs(engine, monkeypatch)
+        learner, _ = make(world, tok, tmp_path / name, engine, steps=1, optim=PASSES_OPTIM)
+        assert learner.old_logprobs is None  # one update: no pass at the rollout weights
+        if name == "scored":
+            learner.old_logprobs = learner_lib.LogprobFn(learner.graphdef, temperature=learner.sampling.temperature)
+        start = _host(learner.state.params)
+        learner.train_step()
+        learner.close()
+        learners.append(learner)
+    assert read_rows(tmp_path / "none")[0]["train/updated"] == 1.0
+    a, b = (_host(x.state.params) for x in learners)
+    assert max(float(np.max(np.abs(x - y))) for x, y in zip(a, start)) > 1e-4  # the update moved the weights
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)
+    ra, rb = read_rows(tmp_path / "none")[0], read_rows(tmp_path / "scored")[0]
+    for key in ra:
+        if key.startswith("train/"):
+            assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-6), key
+    assert ra["train/ratio_mean"] == 1.0 and ra["train/clipfrac_low"] == ra["train/clipfrac_high"] == 0.0
+
+
+def test_two_updates_per_batch_move_the_ratio_and_clip(world_tok, tmp_path, monkeypatch, shared_programs):
+    """The second update's ratio is against the rollout weights, so it leaves 1 and is clipped.
+
+    Sabotage checked: scoring the old log-probs again before each update (every ratio 1) or
+    handing the second update no old log-probs fails the clip-fraction assertion."""
+    world, tok = world_tok
+    engine = MixedEngine(world, tok)
+    patch_envs(engine, monkeypatch)
+    learner, _ = make(world, tok, tmp_path / "run", engine, steps=1, updates_per_batch=2,
+                      optim=OptimConfig(learning_rate=1e-2))
+    learner.train_step()
+    learner.close()
+    row = read_rows(tmp_path / "run")[0]
+    assert row["train/updated"] == 1.0 and int(learner.state.step) == 2
+    assert row["train/clipfrac_low"] + row["train/clipfrac_high"] > 0, row
+    assert row["train/ratio_mean"] != pytest.approx(1.0, abs=1e-4)
+
+
+def test_updates_per_batch_is_validated():
+    from intraskill_jax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.updates_per_batch=0: must be >= 1"):
+        TrainConfig(updates_per_batch=0)
