@@ -5,14 +5,21 @@
 and Qwen3's (JSON calls, a think block on earlier turns only around non-empty reasoning). Under
 each, the agent loop (a ScriptedEngine policy in a scripted shop) must hand the engine, turn after
 turn, exactly `apply_chat_template` of the conversation so far with its generation prompt; where
-that cannot hold, `check_template` must refuse at load and name the property.
+that cannot hold, `check_template` must refuse at load and name the property. `BEHAVIOURS` lists
+what the two test templates reproduce of the official ones, each with a case that fails when a
+template edit drops it. The first official template, SmolLM2's, is fetched at test time and goes
+through the same incremental and refusal tests.
 """
 
 import copy
 import dataclasses
+import json
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import jinja2
 import pytest
 
 from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
@@ -360,3 +367,277 @@ def test_tools_are_written_as_text_only_where_the_template_has_no_tool_branch():
     text = tok.decode(prompt_ids(tok, messages, tools=tools_for("single"), enable_thinking=False,
                                  tool_text=ToolText("json", "compact")))
     assert text.startswith("<|im_start|>system\nShop.\n\nTools: search(keywords), click(value). Call one per turn as:")
+
+
+# -- what the Qwen reconstructions reproduce of the official templates ---------------------------
+# The official Qwen3 / Qwen3.5 template files cannot be fetched here and are not copied in; the
+# ones in tests/data/chat_templates/ are written from their documented behaviour
+# (../shared/reference/qwen3_5.md, section 9; Qwen3's dropping of past reasoning also
+# ../shared/reference/grpo-and-rollouts.md, section 4). Each behaviour below quotes that text, has
+# a case that renders it exactly, and names template edits that drop it; the second test applies
+# each edit and asserts the case then fails, so no case passes whatever the template does.
+
+SYSTEM = {"role": "system", "content": "Shop."}
+CLICK = ("click", {"value": "B0001"})
+SEARCH = ("search", {"keywords": "pillow"})
+
+
+def user(content):
+    return {"role": "user", "content": content}
+
+
+def assistant(content="", reasoning=None, calls=()):
+    message = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
+    return message
+
+
+def tool(content):
+    return {"role": "tool", "content": content}
+
+
+def render(tok, messages, **kwargs):
+    return tok.apply_chat_template(messages, tokenize=False, **kwargs)
+
+
+def system_turn(text):
+    return text[len("<|im_start|>system\n"):text.index("<|im_end|>")]
+
+
+TWO_QUERIES = [SYSTEM, user("Find a pillow."), assistant("Searching.", "r1"), user("Blue, please."),
+               assistant("Found it.", "r2")]
+TWO_QUERIES_RENDERED = ("<|im_start|>system\nShop.<|im_end|>\n<|im_start|>user\nFind a pillow.<|im_end|>\n"
+                        "<|im_start|>assistant\nSearching.<|im_end|>\n<|im_start|>user\nBlue, please.<|im_end|>\n"
+                        "<|im_start|>assistant\n<think>\nr2\n</think>\n\nFound it.<|im_end|>\n")
+
+
+def reasoning_after_the_last_query_only(tok):
+    assert render(tok, TWO_QUERIES) == TWO_QUERIES_RENDERED
+
+
+def wrapped_tool_responses_are_not_a_query(tok):
+    messages = [SYSTEM, user("Find a pillow."), assistant("", "r1", [SEARCH]),
+                user("<tool_response>\nPage 1\n</tool_response>"), assistant("Done.", "r2")]
+    assert "<|im_start|>assistant\n<think>\nr1\n</think>\n\n<tool_call>" in render(tok, messages)
+
+
+def an_empty_think_block_without_reasoning(tok):
+    assert render(tok, [SYSTEM, user("Hi."), assistant("Hello.")]).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nHello.<|im_end|>\n")
+
+
+def reasoning_split_off_the_content(tok):
+    messages = [m if m["role"] != "assistant" else assistant(f"<think>\n{m['reasoning_content']}\n</think>\n\n"
+                                                             f"{m['content']}") for m in TWO_QUERIES]
+    assert render(tok, messages) == TWO_QUERIES_RENDERED
+
+
+def tool_responses_grouped_in_one_user_turn(tok):
+    messages = [SYSTEM, user("Find a pillow."), assistant("", None, [SEARCH, CLICK]), tool("A"), tool("B")]
+    assert render(tok, messages).endswith("</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nA\n"
+                                          "</tool_response>\n<tool_response>\nB\n</tool_response><|im_end|>\n")
+
+
+def generation_prompt_thinks_by_default(tok):
+    for kwargs in ({}, {"enable_thinking": True}):
+        assert render(tok, [SYSTEM, user("Hi.")], add_generation_prompt=True, **kwargs).endswith(
+            "<|im_end|>\n<|im_start|>assistant\n<think>\n"), kwargs
+
+
+def thinking_off_closes_an_empty_think_block(tok):
+    assert render(tok, [SYSTEM, user("Hi.")], add_generation_prompt=True, enable_thinking=False).endswith(
+        "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def xml_calls_after_the_content(tok):
+    text = render(tok, [SYSTEM, user("Hi."), assistant("Two steps.", "", [CLICK, SEARCH])])
+    assert text.endswith("</think>\n\nTwo steps.\n\n<tool_call>\n<function=click>\n<parameter=value>\nB0001\n"
+                         "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=search>\n"
+                         "<parameter=keywords>\npillow\n</parameter>\n</function>\n</tool_call><|im_end|>\n")
+
+
+def xml_argument_values(tok):
+    call = ("search", {"keywords": "pillow", "filters": {"size": "40x60"}, "page": 2})
+    text = render(tok, [SYSTEM, user("Hi."), assistant("", "", [call])])
+    assert ("<parameter=keywords>\npillow\n</parameter>\n<parameter=filters>\n{\"size\": \"40x60\"}\n</parameter>\n"
+            "<parameter=page>\n2\n</parameter>\n") in text
+
+
+def tools_block_then_the_system_text(tok):
+    tools = tools_for("single")
+    turn = system_turn(render(tok, [SYSTEM, user("Hi.")], tools=tools))
+    listed = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+    assert turn.startswith(f"# Tools\n\nYou have access to the following functions:\n\n<tools>{listed}\n</tools>")
+    assert "<IMPORTANT>" in turn and turn.endswith("</IMPORTANT>\n\nShop.")
+
+
+def turns_trimmed_in_chatml(tok):
+    assert render(tok, [{"role": "system", "content": "  Shop.\n"}, user(" Hi \n")]) == (
+        "<|im_start|>system\nShop.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+
+
+def vision_placeholders(tok):
+    parts = [{"type": "image"}, {"type": "video"}, {"type": "text", "text": "Find this."}]
+    assert render(tok, [SYSTEM, user(parts)]).endswith(
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|><|vision_start|><|video_pad|><|vision_end|>"
+        "Find this.<|im_end|>\n")
+
+
+def system_message_first(tok):
+    with pytest.raises(jinja2.TemplateError, match="system message must come first"):
+        render(tok, [user("Hi."), SYSTEM])
+
+
+def a_user_query_required(tok):
+    with pytest.raises(jinja2.TemplateError, match="no user query"):
+        render(tok, [SYSTEM, assistant("Hello.")])
+
+
+def qwen3_tools_block(tok):
+    turn = system_turn(render(tok, [SYSTEM, user("Hi.")], tools=tools_for("single")))
+    assert "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n" in turn
+    assert "<tools>\n" in turn and "\n</tools>" in turn
+    assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' in turn
+
+
+def qwen3_json_calls(tok):
+    text = render(tok, [SYSTEM, user("Hi."), assistant("Two steps.", None, [CLICK, SEARCH])])
+    assert text.endswith('Two steps.\n<tool_call>\n{"name": "click", "arguments": {"value": "B0001"}}\n</tool_call>\n'
+                         '<tool_call>\n{"name": "search", "arguments": {"keywords": "pillow"}}\n</tool_call><|im_end|>\n')
+
+
+def qwen3_tool_responses_in_a_user_turn(tok):
+    assert render(tok, [SYSTEM, user("Hi."), assistant("", None, [CLICK]), tool("Page 1")]).endswith(
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\nPage 1\n</tool_response><|im_end|>\n")
+
+
+def qwen3_thinking_switch(tok):
+    prompt = [SYSTEM, user("Hi.")]
+    assert render(tok, prompt, add_generation_prompt=True).endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert render(tok, prompt, add_generation_prompt=True, enable_thinking=False).endswith(
+        "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def qwen3_drops_reasoning_before_the_last_query(tok):
+    text = render(tok, TWO_QUERIES)
+    assert "<|im_start|>assistant\nSearching.<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n<think>\nr2\n</think>\n\nFound it.<|im_end|>\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Behaviour:
+    template: str  # qwen3_5 or qwen3
+    documented: str  # what the reference says the official template does
+    case: Callable[[Any], None]  # passes on a template that does it, fails otherwise
+    drops: dict[str, tuple[tuple[str, str], ...]]  # name -> template edits (old, new) that remove it
+
+
+# The templates' string literals are raw text here: a '\n' inside them is a backslash and an n.
+BEHAVIOURS = [
+    Behaviour("qwen3_5", "Assistant turns after [the last query] render as <|im_start|>assistant\\n<think>\\n"
+              "{reasoning}\\n</think>\\n\\n{content} ... Earlier assistant turns drop their reasoning.",
+              reasoning_after_the_last_query_only,
+              {"kept_on_history": ((r"{%- if loop.index0 > query.index %}", r"{%- if true %}"),),
+               "dropped_everywhere": ((r"{%- if loop.index0 > query.index %}", r"{%- if false %}"),)}),
+    Behaviour("qwen3_5", "last_query_index is the last user message that is not just a <tool_response> wrapper.",
+              wrapped_tool_responses_are_not_a_query,
+              {"wrapper_counts": ((r"{%- if not (text.startswith('<tool_response>') and "
+                                   r"text.endswith('</tool_response>')) %}", r"{%- if true %}"),)}),
+    Behaviour("qwen3_5", "... with an empty think block if there is no reasoning.", an_empty_think_block_without_reasoning,
+              {"block_only_with_reasoning": ((r"{%- if loop.index0 > query.index %}",
+                                              r"{%- if loop.index0 > query.index and reasoning %}"),)}),
+    Behaviour("qwen3_5", "Reasoning comes from reasoning_content, or is split off the content at </think>.",
+              reasoning_split_off_the_content,
+              {"no_split": ((r"{%- elif '</think>' in content %}", r"{%- elif false %}"),)}),
+    Behaviour("qwen3_5", "tool messages render inside a user turn. <|im_start|>user opens it if the previous "
+              "message was not a tool message. Each result is \\n<tool_response>\\n{content}\\n</tool_response>, "
+              "and <|im_end|>\\n follows the last consecutive tool message.", tool_responses_grouped_in_one_user_turn,
+              {"one_turn_each": (
+                  (r"{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}"
+                   r"{%- endif %}", r"{{- '<|im_start|>user' }}"),
+                  (r"{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}",
+                   r"{{- '<|im_end|>\n' }}"))}),
+    Behaviour("qwen3_5", "Generation prompt: <|im_start|>assistant\\n followed by <think>\\n (thinking) ... In the "
+              "4B/9B/large template, thinking is on by default.", generation_prompt_thinks_by_default,
+              {"off_by_default": ((r"{%- if enable_thinking is defined and enable_thinking is false %}",
+                                   r"{%- if not enable_thinking %}"),),
+               "no_think_opened": ((r"{%- else %}" "\n" r"        {{- '<think>\n' }}", r"{%- else %}"),)}),
+    Behaviour("qwen3_5", "... or <think>\\n\\n</think>\\n\\n (enable_thinking=false).",
+              thinking_off_closes_an_empty_think_block,
+              {"switch_ignored": ((r"{%- if enable_thinking is defined and enable_thinking is false %}",
+                                   r"{%- if false %}"),),
+               "no_empty_block": ((r"{{- '<think>\n\n</think>\n\n' }}", r"{{- '' }}"),)}),
+    Behaviour("qwen3_5", "After the assistant content, each call is rendered as <tool_call>\\n<function=NAME>\\n, then "
+              "<parameter=ARG>\\n{value}\\n</parameter>\\n for each argument, then </function>\\n</tool_call>. The "
+              "first call is preceded by \\n\\n if there is content; later calls by \\n.", xml_calls_after_the_content,
+              {"one_newline_after_content": ((r"{%- elif content | trim %}{{- '\n\n' }}",
+                                              r"{%- elif content | trim %}{{- '\n' }}"),),
+               "calls_run_together": ((r"{%- if not loop.first %}{{- '\n' }}", r"{%- if not loop.first %}"),)}),
+    Behaviour("qwen3_5", "Values: strings verbatim, dicts/lists as JSON, anything else stringified.", xml_argument_values,
+              {"python_repr": ((r"{{- value | tojson }}", r"{{- value | string }}"),)}),
+    Behaviour("qwen3_5", "System turn with tools: <|im_start|>system\\n# Tools\\n\\nYou have access to the following "
+              "functions:\\n\\n<tools>, then each tool as \"\\n\" + tojson(tool), then \\n</tools>. Next comes an "
+              "instruction paragraph ... ends with an <IMPORTANT> reminder block. If there is a system message, it "
+              "follows as \"\\n\\n\" + system_content.", tools_block_then_the_system_text,
+              {"system_text_dropped": ((r"{%- if text %}{{- '\n\n' ~ text }}{%- endif %}", ""),)}),
+    Behaviour("qwen3_5", "Turns use ChatML: <|im_start|>{role}\\n{content}<|im_end|>\\n. Content is trimmed.",
+              turns_trimmed_in_chatml,
+              {"untrimmed": ((r"{%- set content = text_of(message.content, true) | trim %}",
+                              r"{%- set content = text_of(message.content, true) %}"),)}),
+    Behaviour("qwen3_5", "An image becomes <|vision_start|><|image_pad|><|vision_end|>; a video uses <|video_pad|> in "
+              "the same pattern.", vision_placeholders,
+              {"bare_pads": ((r"{{- '<|vision_start|><|image_pad|><|vision_end|>' }}", r"{{- '<|image_pad|>' }}"),)}),
+    Behaviour("qwen3_5", "the system message must come first ... otherwise the template raises.", system_message_first,
+              {"no_check": ((r"{{- raise_exception('the system message must come first') }}", ""),)}),
+    Behaviour("qwen3_5", "at least one real user query is required, otherwise the template raises.",
+              a_user_query_required,
+              {"no_check": ((r"{{- raise_exception('the conversation has no user query') }}", ""),)}),
+    Behaviour("qwen3", "Tools block: It begins # Tools\\n\\nYou may call one or more functions to assist with the "
+              "user query. The functions follow inside <tools></tools>. An instruction says to return a JSON object "
+              "{\"name\": …, \"arguments\": …} inside <tool_call></tool_call>.", qwen3_tools_block,
+              {"xml_instruction": ((r'{"name": <function-name>, "arguments": <args-json-object>}',
+                                    r"<function=function-name>"),)}),
+    Behaviour("qwen3", "Calls are JSON, not XML.", qwen3_json_calls,
+              {"python_repr": ((r"(f.arguments | tojson)", r"(f.arguments | string)"),)}),
+    Behaviour("qwen3", "Tool results: <|im_start|>user\\n<tool_response>\\n…\\n</tool_response><|im_end|>.",
+              qwen3_tool_responses_in_a_user_turn,
+              {"tool_role": ((r"{{- '<|im_start|>user' }}", r"{{- '<|im_start|>tool\n' }}"),)}),
+    Behaviour("qwen3", "Thinking: enable_thinking=False appends <think>\\n\\n</think>\\n\\n to the generation prompt. "
+              "Hybrid Qwen3 thinks by default.", qwen3_thinking_switch,
+              {"off_by_default": ((r"{%- if enable_thinking is defined and enable_thinking is false %}",
+                                   r"{%- if not enable_thinking %}"),),
+               "no_empty_block": ((r"{{- '<think>\n\n</think>\n\n' }}", ""),)}),
+    Behaviour("qwen3", "Qwen3 strips past <think> (grpo-and-rollouts.md, section 4): turns before the last user "
+              "query lose their reasoning.", qwen3_drops_reasoning_before_the_last_query,
+              {"kept_on_history": ((r"{%- if loop.index0 > query.index and (loop.last or reasoning) %}",
+                                    r"{%- if loop.last or reasoning %}"),)}),
+]
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizers():
+    return {name: tokenizer_with(name, name) for name in ("qwen3_5", "qwen3")}
+
+
+def edited(tok, edits):
+    tok = copy.copy(tok)
+    for old, new in edits:
+        assert tok.chat_template.count(old) == 1, old
+        tok.chat_template = tok.chat_template.replace(old, new)
+    return tok
+
+
+@pytest.mark.parametrize("behaviour", BEHAVIOURS, ids=lambda b: f"{b.template}-{b.case.__name__}")
+def test_the_reconstruction_does_what_the_official_template_is_documented_to_do(qwen_tokenizers, behaviour):
+    behaviour.case(qwen_tokenizers[behaviour.template])
+
+
+@pytest.mark.parametrize("behaviour, drop", [(b, name) for b in BEHAVIOURS for name in b.drops],
+                         ids=lambda x: x if isinstance(x, str) else f"{x.template}-{x.case.__name__}")
+def test_each_behaviours_case_fails_where_the_template_drops_it(qwen_tokenizers, behaviour, drop):
+    tok = edited(qwen_tokenizers[behaviour.template], behaviour.drops[drop])
+    with pytest.raises((AssertionError, pytest.fail.Exception)):
+        behaviour.case(tok)
