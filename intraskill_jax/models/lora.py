@@ -168,6 +168,13 @@ def _copy(model: M) -> M:
     return nnx.merge(*nnx.split(model))
 
 
+@functools.partial(jax.jit, static_argnames=("scales",))
+def _merge_weights(weights: tuple[jax.Array, ...], lora_a: tuple[jax.Array, ...], lora_b: tuple[jax.Array, ...], *,
+                   scales: tuple[float, ...]) -> tuple[jax.Array, ...]:
+    # One program for every layer: a push pays one dispatch, not one per adapted layer.
+    return tuple(merge_weight(w, a, b, scale=s) for w, a, b, s in zip(weights, lora_a, lora_b, scales))
+
+
 def merged(model: M) -> M:
     """`model` with every adapter folded into its layer's weight: a plain model (no adapters) that
     computes what the adapted one does, sharing the arrays of the layers without one. `model` is
@@ -175,12 +182,12 @@ def merged(model: M) -> M:
     if not has_adapters(model):
         return model
     out = _copy(model)
-    for _, linear in _linears(out):
-        if linear.lora is not None:
-            w = merge_weight(linear.weight[...], linear.lora.lora_a[...], linear.lora.lora_b[...],
-                             scale=linear.lora_scale)
-            linear.weight = linear.weight.replace(w)
-            linear.lora, linear.lora_scale = None, 0.0
+    adapted = [linear for _, linear in _linears(out) if linear.lora is not None]
+    weights = _merge_weights(tuple(x.weight[...] for x in adapted), tuple(x.lora.lora_a[...] for x in adapted),
+                             tuple(x.lora.lora_b[...] for x in adapted), scales=tuple(x.lora_scale for x in adapted))
+    for linear, w in zip(adapted, weights):
+        linear.weight = linear.weight.replace(w)
+        linear.lora, linear.lora_scale = None, 0.0
     return out
 
 
