@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from intraskill_jax import rundir
 from intraskill_jax.analysis import training
@@ -31,39 +32,82 @@ def _by_condition(run_dir: Path) -> dict[str, list[dict]]:
     return {c: sorted(rows, key=lambda r: r["task_id"]) for c, rows in out.items()}
 
 
-def test_summary_numbers_follow_from_the_records(tiny, report, run_dir: Path, figures: dict) -> None:
+# The report's bootstrap, as its tables state it (95%) and its figures.json's settings record it.
+CONFIDENCE, RESAMPLES, SEED = 0.95, 9999, 0
+
+
+def _interval(a: np.ndarray, b: np.ndarray) -> str:
+    """The paired bootstrap (BCa) interval of mean(a - b), computed here with scipy alone, as the
+    summary prints it."""
+    d = a - b
+    if np.all(d == d[0]):
+        low = high = d[0]
+    else:
+        ci = scipy.stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(x - y, axis=axis), paired=True,
+                                   vectorized=True, confidence_level=CONFIDENCE, n_resamples=RESAMPLES,
+                                   method="BCa", rng=np.random.default_rng(SEED)).confidence_interval
+        low, high = ci.low, ci.high
+    cells = ["n/a" if not np.isfinite(x) else f"{x:+.3f}" for x in (d.mean(), low, high)]
+    return f"{cells[0]} [{cells[1]}, {cells[2]}]"
+
+
+def _mcnemar_p(newly: int, regress: int) -> float:
+    """The exact McNemar test: a two-sided binomial test of one direction's share of the flips."""
+    return 1.0 if newly + regress == 0 else scipy.stats.binomtest(newly, newly + regress, 0.5).pvalue
+
+
+def test_summary_numbers_follow_from_the_records(tiny, report, run_dir: Path) -> None:
+    """Every figure of the summary's header and test tables recomputed here from the run's own
+    records (config.json, metrics.jsonl, gates/, eval/outcomes.jsonl) with numpy and scipy, never
+    through the analysis package's figures.
+
+    Sabotage checked (each on a copy of the package): success counted as any reward > 0 in
+    `results.condition_table` fails the success column; newly-succeed and regress swapped in
+    `results._compare` fails the flip counts; the report's intervals at 90% instead of 95%
+    (`bundle.SETTINGS`) and McNemar's chi-square in place of the exact test fail the interval and
+    p-value cells; each of these passes `test_summary_figures_are_the_reports`."""
     text = format_summary(run_dir)
     assert "\x1b[" not in text  # plain text: no colour codes
     eps = _by_condition(run_dir)
 
+    metrics = rundir.read_jsonl(run_dir / "metrics.jsonl")
+    gates = sorted(p.name for p in (run_dir / "gates").iterdir() if re.fullmatch(r"round_\d+\.json", p.name))
+    reward = json.loads((run_dir / "config.json").read_text())["sim"]["env"]["reward"]
+    assert text.splitlines()[0] == (f"IntraSkill run {run_dir}: {len({r['step'] for r in metrics})} training steps "
+                                    f"logged, {len(gates)} round(s) closed by a gate; trained on the {reward} reward")
+
     head, *rows = _section(text, "Test conditions")
-    assert head == ["condition", "policy", "skill", "tasks", "reward (loose)", "strict", "success"]
+    assert head == ["condition", "policy", "skill", "tasks", f"reward ({reward})", "strict", "success"]
     assert [r[0] for r in rows] == ["base_bare", "base_skill", "trained_bare", "trained_skill"]
-    for cond, policy, skill, n, reward, strict, success in rows:
+    for cond, policy, skill, n, reward_cell, strict, success in rows:
         e = eps[cond]
         assert int(n) == len(e) == tiny.config.eval.num_tasks and policy == e[0]["policy"] and skill == e[0]["skill"]
-        assert reward == f"{np.mean([r['reward'] for r in e]):.3f}"
+        assert reward_cell == f"{np.mean([r['reward'] for r in e]):.3f}"
         assert strict == f"{np.mean([r['reward_detail']['strict'] for r in e]):.3f}"
-        assert success == f"{np.mean([r['success'] for r in e]):.1%}"
+        successes = sum(bool(r["success"]) for r in e)
+        assert success == f"{successes / len(e):.1%}", cond
     assert any(r[4] != r[5] for r in rows)  # the run's loose reward differs from strict: columns not swapped
+    assert len({r[6] for r in rows}) > 1  # the conditions' success counts differ: the check can fail
 
     head, *rows = _section(text, "Paired differences")
-    assert head[:4] == ["a vs b", "tasks", "+", "-"]
+    assert head == ["a vs b", "tasks", "+", "-", "d reward [95% CI]", "d strict [95% CI]", "d success [95% CI]",
+                    "McNemar p"]
     pairs = [tuple(r[0].split(" vs ")) for r in rows]
-    assert pairs[:4] == [("trained_skill", "base_skill"), ("trained_bare", "base_bare"),
-                         ("base_skill", "base_bare"), ("trained_skill", "trained_bare")]
-    for (a, b), row, fig in zip(pairs, rows, figures["comparisons"]):
-        ea, eb = eps[a], eps[b]
-        ok_a, ok_b = np.array([r["success"] for r in ea]), np.array([r["success"] for r in eb])
-        assert int(row[2]) == int(np.sum(ok_a & ~ok_b)) and int(row[3]) == int(np.sum(~ok_a & ok_b))
-        for cell, value in zip(row[4:7], (
-            np.mean([x["reward"] - y["reward"] for x, y in zip(ea, eb)]),
-            np.mean([x["reward_detail"]["strict"] - y["reward_detail"]["strict"] for x, y in zip(ea, eb)]),
-            np.mean(ok_a.astype(float) - ok_b),
-        )):
-            assert cell.split(" ")[0] == f"{value:+.3f}"
-        # The intervals are the report's (figures.json), not a second bootstrap.
-        assert row[4] == f"{fig['reward_diff']:+.3f} [{fig['reward_ci_low']:+.3f}, {fig['reward_ci_high']:+.3f}]"
+    assert pairs == [("trained_skill", "base_skill"), ("trained_bare", "base_bare"), ("base_skill", "base_bare"),
+                     ("trained_skill", "trained_bare"), ("trained_skill", "base_bare")]
+    for (a, b), row in zip(pairs, rows):
+        by_task = {r["task_id"]: r for r in eps[b]}
+        both = [(x, by_task[x["task_id"]]) for x in eps[a] if x["task_id"] in by_task]
+        assert int(row[1]) == len(both) == len(eps[a])
+        ok_a, ok_b = (np.array([bool(p[i]["success"]) for p in both]) for i in (0, 1))
+        newly, regress = int(np.sum(ok_a & ~ok_b)), int(np.sum(~ok_a & ok_b))
+        assert (int(row[2]), int(row[3])) == (newly, regress), (a, b)
+        for cell, outcome in zip(row[4:7], (lambda r: r["reward"], lambda r: r["reward_detail"]["strict"],
+                                            lambda r: float(r["success"]))):
+            x, y = (np.array([outcome(p[i]) for p in both], np.float64) for i in (0, 1))
+            assert cell == _interval(x, y), (a, b)
+        assert row[7] == f"{_mcnemar_p(newly, regress):.4f}", (a, b)
+    assert any(int(r[2]) != int(r[3]) for r in rows)  # flips are one-sided somewhere: a swap would show
 
     head, *rows = _section(text, "Skill bank")
     assert head == ["gate", "step", "tasks", "new bank", "retained", "rewritten", "added", "retired",
