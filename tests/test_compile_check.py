@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
-from jax.sharding import AbstractMesh
+from jax.sharding import AbstractMesh, PartitionSpec
 
 from intraskill_jax import compile_check, runconfig
 from intraskill_jax.models import ModelConfig, causal_lm_class
@@ -80,6 +80,91 @@ def test_parameter_bytes_per_chip_follow_the_sharding_rules():
     # The quickstart samples in process: its cache stays allocated through the update.
     assert step.resident_bytes == report.programs[1].arguments["cache"] > 0
     assert step.flops > 0 and step.seconds == pytest.approx(step.flops / (459e12 * 0.4))
+
+
+# The tiny config's parameters written out by hand (bfloat16, 2 bytes each), with the mesh axes each
+# is meant to be split over (DESIGN.md, the logical-axis rules): a model dimension ('embed') over
+# fsdp, heads, MLP width and vocabulary over tensor, norms whole. Per chip: its bytes over the
+# product of those axes' sizes. Two slices: v5p:2x2x1 (fsdp 2 x tensor 2) and v5p:2x2x2 (fsdp 4 x
+# tensor 2); every dimension divides, so nothing falls back to being replicated.
+HAND_PARAMETERS = [  # (name, shape, mesh axes)
+    ("model.embed_tokens", (256, 64), ("tensor", "fsdp")),
+    ("lm_head", (256, 64), ("tensor", "fsdp")),
+    ("model.norm", (64,), ()),
+    # layer 0, Gated DeltaNet: q, k and v heads (2 x 16 + 2 x 16 + 4 x 8 = 96 channels), 4 value heads
+    ("0.input_layernorm", (64,), ()),
+    ("0.linear_attn.in_proj_qkv", (96, 64), ("tensor", "fsdp")),
+    ("0.linear_attn.in_proj_z", (32, 64), ("tensor", "fsdp")),
+    ("0.linear_attn.in_proj_a", (4, 64), ("tensor", "fsdp")),
+    ("0.linear_attn.in_proj_b", (4, 64), ("tensor", "fsdp")),
+    ("0.linear_attn.conv1d", (96, 1, 4), ("tensor",)),
+    ("0.linear_attn.A_log", (4,), ("tensor",)),
+    ("0.linear_attn.dt_bias", (4,), ("tensor",)),
+    ("0.linear_attn.norm", (8,), ()),
+    ("0.linear_attn.out_proj", (64, 32), ("fsdp", "tensor")),
+    ("0.post_attention_layernorm", (64,), ()),
+    ("0.mlp.gate_proj", (128, 64), ("tensor", "fsdp")),
+    ("0.mlp.up_proj", (128, 64), ("tensor", "fsdp")),
+    ("0.mlp.down_proj", (64, 128), ("fsdp", "tensor")),
+    # layer 1, gated attention: 4 query heads of 16 (doubled by the output gate), 2 key/value heads
+    ("1.input_layernorm", (64,), ()),
+    ("1.self_attn.q_proj", (128, 64), ("tensor", "fsdp")),
+    ("1.self_attn.k_proj", (32, 64), ("tensor", "fsdp")),
+    ("1.self_attn.v_proj", (32, 64), ("tensor", "fsdp")),
+    ("1.self_attn.o_proj", (64, 64), ("fsdp", "tensor")),
+    ("1.self_attn.q_norm", (16,), ()),
+    ("1.self_attn.k_norm", (16,), ()),
+    ("1.post_attention_layernorm", (64,), ()),
+    ("1.mlp.gate_proj", (128, 64), ("tensor", "fsdp")),
+    ("1.mlp.up_proj", (128, 64), ("tensor", "fsdp")),
+    ("1.mlp.down_proj", (64, 128), ("fsdp", "tensor")),
+]
+# The sums of the table, worked by hand: 218,112 bytes of matrices split over both axes, 784 bytes
+# of DeltaNet vectors and conv over tensor, 720 bytes of norms whole.
+HAND_PARAM_BYTES = {"v5p:2x2x1": 218_112 // 4 + 784 // 2 + 720, "v5p:2x2x2": 218_112 // 8 + 784 // 2 + 720}
+SLICES = {"v5p:2x2x1": {"mesh.fsdp": 2}, "v5p:2x2x2": {"mesh.fsdp": 4}}
+
+
+def test_the_hand_table_adds_up_to_the_hand_sums_and_lists_the_models_parameters():
+    for topology, overrides in SLICES.items():
+        mesh = {"fsdp": overrides["mesh.fsdp"], "tensor": 2}
+        total = sum(math.prod(shape) * 2 // math.prod(mesh[a] for a in axes) for _, shape, axes in HAND_PARAMETERS)
+        assert total == HAND_PARAM_BYTES[topology], topology
+    model_config, _ = compile_check.model_config(tiny_config())
+    model = nnx.eval_shape(lambda: causal_lm_class(model_config)(model_config, rngs=nnx.Rngs(0)))
+    params = [var.get_value() for _, var in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+    assert {jnp.dtype(p.dtype) for p in params} == {jnp.dtype(jnp.bfloat16)}
+    assert sorted(p.shape for p in params) == sorted(shape for _, shape, _ in HAND_PARAMETERS)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology", SLICES)
+def test_parameter_bytes_per_chip_match_the_hand_figure(topology):
+    """The check's per-chip parameter bytes against the hand table, not against the project's own
+    rules. Sabotage checked: the 'embed' rule sending nothing to fsdp (a copy of the package with
+    ("embed", None)) leaves `test_parameter_bytes_per_chip_follow_the_sharding_rules` passing and
+    fails this test on both slices."""
+    report = compile_check.check(tiny_config(**SLICES[topology]), compile_check.parse_topology(topology),
+                                 programs=("train_step",))
+    assert report.chips == 4 * SLICES[topology]["mesh.fsdp"] // 2
+    (step,) = report.programs
+    assert step.error is None and step.arguments["params"] == HAND_PARAM_BYTES[topology]
+
+
+@needs_libtpu
+def test_an_unsharded_parameter_shows_as_more_memory_than_the_hand_figure(monkeypatch):
+    """The embedding and the head laid out whole on every chip (their spec emptied where the rules
+    are applied): the check reports exactly their missing split, 2 x 32,768 x 3/4 bytes more."""
+    real = sharding_lib.logical_to_spec
+
+    def whole_vocabulary(axes, shape, mesh, rules=sharding_lib.DEFAULT_RULES):
+        return PartitionSpec() if axes is not None and tuple(axes) == ("vocab", "embed") else real(axes, shape, mesh,
+                                                                                                    rules)
+
+    monkeypatch.setattr(sharding_lib, "logical_to_spec", whole_vocabulary)
+    report = compile_check.check(tiny_config(), compile_check.parse_topology("v5p:2x2x1"), programs=("train_step",))
+    (step,) = report.programs
+    assert step.arguments["params"] == HAND_PARAM_BYTES["v5p:2x2x1"] + 2 * 32_768 * 3 // 4
 
 
 @needs_libtpu
