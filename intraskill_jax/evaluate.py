@@ -151,6 +151,7 @@ def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[C
             bar.update(len(trajs), **{cond.name: f"{success:.3f}"})
     bar.close()
     rundir.write_jsonl(out or rundir.eval_outcomes_path(workdir), rows)
+    rundir.reached("eval_recorded")
     if out is None:  # the default conditions' examples; another table (the ranking) keeps its own rows only
         rundir.write_jsonl(rundir.eval_traces_path(workdir), traces)
     return rows

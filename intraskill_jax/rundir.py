@@ -554,6 +554,7 @@ def _publish(out: epath.Path, write: Callable[[Path], Any], commit_file: str) ->
         tmp.mkdir(parents=True)
         write(tmp)
         _add_commit_file(tmp, commit_file)
+        reached("dir_written")
         if Path(out).exists():
             os.replace(out, old)
         os.replace(tmp, out)
@@ -565,6 +566,8 @@ def _publish(out: epath.Path, write: Callable[[Path], Any], commit_file: str) ->
         if out.exists():  # the old version, or an unfinished upload (no commit file)
             out.rmtree()
         for rel in sorted(list_files(tmp), key=lambda rel: rel == commit_file):
+            if rel == commit_file:
+                reached("dir_written")
             _copy_file(Path(tmp) / rel, out / rel)
 
 
@@ -621,6 +624,9 @@ PHASES = (
     "checkpoint_commit",  # a checkpoint's write has started and is not committed
     "gate_recorded",  # a gate's record and metrics are written; the next bank is not
     "bank_committed",  # the next bank is committed; nothing after it (the next metrics) is written
+    "dir_written",  # a published directory's files are written (locally under <out>.tmp, on an object
+    #                 store uploaded) and its commit (the rename, or the commit file) is not
+    "eval_recorded",  # the evaluation's outcomes are written; its example traces are not
 )
 _reached: collections.Counter[str] = collections.Counter()
 

@@ -88,7 +88,11 @@ def _warm_start(config: RunConfig, sft_dir: epath.Path, out: epath.Path, base: e
                          f"agent.max_context_tokens={config.agent.max_context_tokens}; raise them")
     log.info("warm start on %d successful oracle demonstrations", len(demos))
     model = load_policy(config, base, mesh)
-    with MetricsWriter(sft_dir) as writer, Checkpointer(rundir.checkpoints_dir(sft_dir)) as ckpt:
+    with Checkpointer(rundir.checkpoints_dir(sft_dir)) as ckpt, \
+            MetricsWriter(sft_dir, rewind_to=ckpt.latest_step() or 0) as writer:
+        # A killed warm start resumes at its newest checkpoint: the rows logged after it, and the
+        # held-out scoring that follows the last update, are written again.
+        writer.rewind(lambda row: any(key.startswith("eval/") for key in row))
         result = run_sft(model, demos, ws.sft, pad_id=tokenizer.pad_token_id, mesh=mesh, writer=writer,
                          checkpointer=ckpt, progress=progress)
         heldout = heldout_runs(config, world, tokenizer) if ws.heldout_demos else []

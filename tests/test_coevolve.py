@@ -1,10 +1,10 @@
 """The main job end to end on a shortened quickstart: warm start, two co-evolution rounds through the
 real loop (embedded JAX sampler, offline analyst, gate), the four-condition evaluation, the report,
-and a bundle that verifies. Then a run killed with SIGKILL at each named phase resumes to the same
-records (the same run on gs:// is tests/test_gcs_run.py)."""
+and a bundle that verifies. Then a run from nothing killed with SIGKILL once in each stage (the
+base policy, the warm start, both rounds, the final export, the evaluation, the report) resumes to
+the same records (the same run on gs:// is tests/test_gcs_run.py)."""
 
 import json
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -29,12 +29,8 @@ from tests.runs import REPO
 
 @pytest.fixture(scope="module")
 def finished_run(smoke_reference):
-    from intraskill_jax.analysis.report import build_report
-    from intraskill_jax.evaluate import evaluate
-
     config, workdir = smoke_reference
-    evaluate(config, workdir, progress=False)
-    build_report(workdir, progress=False)
+    runs.finish(config, workdir)
     return config, workdir
 
 
@@ -156,15 +152,14 @@ def test_evaluation_report_and_bundle(finished_run):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_runs_killed_at_each_phase_resume_to_the_uninterrupted_run(smoke_reference, tmp_path):
-    """SIGKILL the trainer at each named phase in turn (`tests.runs.KILLS`: a step's episodes
-    written and not trained on, a checkpoint mid-commit, a gate recorded before its bank, a bank
-    committed before the next metrics), resume each time, and compare the finished run with the
-    uninterrupted one: the same hf/final, bank decisions, episodes and metrics."""
-    config, reference = smoke_reference
+def test_runs_killed_at_each_phase_resume_to_the_uninterrupted_run(finished_run, tmp_path):
+    """SIGKILL `intraskill train`, `eval` and `report` at each named phase in turn (`tests.runs.KILLS`:
+    the base policy and the warm start written but not committed, a step's episodes not trained on,
+    a checkpoint mid-commit, a gate recorded before its bank, a bank before the next metrics, round
+    1's second step, hf/final and the bundle before their commit, the outcomes before the traces),
+    resume each time, and compare the finished run with the uninterrupted one: the same hf/final and
+    warm start, bank decisions, episodes, metrics, evaluation records and bundle files."""
+    config, reference = finished_run
     workdir = tmp_path / "killed"
-    # Start from the reference's policy and warm start (those phases resume on their own); train.
-    for part in ("base", "sft"):
-        shutil.copytree(reference / part, workdir / part, ignore=shutil.ignore_patterns("checkpoints", "tb"))
-    runs.train_through_kills(str(workdir), env={})
+    runs.run_through_kills(str(workdir), env={})
     runs.assert_same_run(reference, workdir, config)
