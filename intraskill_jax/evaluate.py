@@ -4,6 +4,8 @@
     base_skill     the starting policy with the initial bank S0 (every chunk on)
     trained_bare   the trained policy, bare prompt
     trained_skill  the trained policy with the final bank S_T (every chunk on)
+    pretrained_bare, pretrained_skill (optional): the starting checkpoint before the warm start,
+                   bare and with S0: zero-shot, what a pretrained model does on a shop it never saw
 
 Every condition plays the same first `eval.num_tasks` test tasks once, with the same sampling seed,
 so outcomes pair task by task. Rows go to `<workdir>/eval/outcomes.jsonl` (one per condition and
@@ -30,7 +32,7 @@ from intraskill_jax.progress import Progress, as_progress
 from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.rollout.base import RolloutEngine, WeightUpdate
 from intraskill_jax.rollout.factory import make_engine
-from intraskill_jax.runconfig import CONDITIONS, RunConfig, resolve_repo_path
+from intraskill_jax.runconfig import CONDITIONS, PRETRAINED_CONDITIONS, RunConfig, resolve_repo_path
 from intraskill_jax.skills.bank import SkillBank
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Condition:
     name: str
-    policy: str  # 'base', 'trained' or an HF directory
+    policy: str  # 'base', 'trained', 'pretrained' or an HF directory
     skill: str  # 'none', 'initial', 'final' or a skill directory
     mask: tuple[int, ...] | None = None  # a subset of the bank's active chunks (None: all of them)
 
@@ -49,12 +51,15 @@ DEFAULT = {
     "base_skill": Condition("base_skill", "base", "initial"),
     "trained_bare": Condition("trained_bare", "trained", "none"),
     "trained_skill": Condition("trained_skill", "trained", "final"),
+    "pretrained_bare": Condition("pretrained_bare", "pretrained", "none"),
+    "pretrained_skill": Condition("pretrained_skill", "pretrained", "initial"),
 }
-assert tuple(DEFAULT) == CONDITIONS
+assert tuple(DEFAULT) == CONDITIONS + PRETRAINED_CONDITIONS
 
 
 def parse_condition(spec: str) -> Condition:
-    """'name' (a default condition) or 'name=POLICY:SKILL' (POLICY: base|trained|dir, SKILL: none|initial|final|dir)."""
+    """'name' (a known condition) or 'name=POLICY:SKILL' (POLICY: base|trained|pretrained|dir, SKILL:
+    none|initial|final|dir)."""
     if "=" not in spec:
         if spec not in DEFAULT:
             raise ValueError(f"unknown condition {spec!r}; known: {list(DEFAULT)} or name=POLICY:SKILL")
@@ -70,6 +75,8 @@ def policy_path(config: RunConfig, workdir: rundir.PathLike, which: str, world: 
     if which == "base":  # the policy training started from: the warm start if there was one
         sft = rundir.sft_policy_dir(workdir)
         return sft if rundir.is_published(sft) else prepare_policy(config, workdir, world)
+    if which == "pretrained":  # the checkpoint itself, before any warm start
+        return prepare_policy(config, workdir, world)
     if which == "trained":
         path = rundir.final_policy_dir(workdir)
         if not rundir.is_published(path):

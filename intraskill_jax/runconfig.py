@@ -176,7 +176,9 @@ class SkillsConfig:
 class EvalConfig:
     """Attributes:
       num_tasks: test tasks (the first n of the test split), the same for every condition.
-      conditions: which of base_bare, base_skill, trained_bare, trained_skill to run.
+      conditions: which of base_bare, base_skill, trained_bare, trained_skill to run, and
+        optionally pretrained_bare / pretrained_skill: the starting checkpoint before the warm start
+        (zero-shot), bare and with the initial bank.
       sampling: evaluation sampling (one completed rollout per task and condition).
       seed: sampling seed (the same for every condition, so the conditions are paired).
     """
@@ -187,12 +189,15 @@ class EvalConfig:
     seed: int = 1234
 
     def __post_init__(self) -> None:
-        bad = set(self.conditions) - set(CONDITIONS)
+        bad = set(self.conditions) - set(CONDITIONS) - set(PRETRAINED_CONDITIONS)
         if bad:
-            raise ConfigError(f"eval.conditions: unknown {sorted(bad)}; known: {list(CONDITIONS)}")
+            raise ConfigError(f"eval.conditions: unknown {sorted(bad)}; known: "
+                              f"{list(CONDITIONS) + list(PRETRAINED_CONDITIONS)}")
 
 
 CONDITIONS = ("base_bare", "base_skill", "trained_bare", "trained_skill")
+# The checkpoint the run starts from, before any warm start: what SFT and training add to it.
+PRETRAINED_CONDITIONS = ("pretrained_bare", "pretrained_skill")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

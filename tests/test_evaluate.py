@@ -33,3 +33,21 @@ def test_ranking_subsets_follow_the_latest_contributions():
     assert {c.policy for c in (top, bottom, random)} == {"trained"}
     with pytest.raises(ValueError, match="k must be"):
         ranking_conditions(bank, len(ids) + 1)
+
+
+def test_pretrained_conditions_play_the_checkpoint_before_the_warm_start(monkeypatch, tmp_path):
+    from intraskill_jax import evaluate as evaluate_lib
+    from intraskill_jax import rundir
+    from intraskill_jax.errors import ConfigError
+    from intraskill_jax.runconfig import EvalConfig, RunConfig
+
+    monkeypatch.setattr(evaluate_lib, "prepare_policy", lambda config, workdir, world: "the checkpoint")
+    monkeypatch.setattr(rundir, "is_published", lambda path: True)  # the warm start has finished
+    config = RunConfig()
+    assert evaluate_lib.policy_path(config, tmp_path, "base", None) == rundir.sft_policy_dir(tmp_path)
+    assert evaluate_lib.policy_path(config, tmp_path, "pretrained", None) == "the checkpoint"
+    assert parse_condition("pretrained_bare") == Condition("pretrained_bare", "pretrained", "none")
+    assert parse_condition("pretrained_skill") == Condition("pretrained_skill", "pretrained", "initial")
+    EvalConfig(conditions=("base_bare", "pretrained_bare", "pretrained_skill"))
+    with pytest.raises(ConfigError, match="unknown \\['zero_shot'\\].*pretrained_skill"):
+        EvalConfig(conditions=("zero_shot",))

@@ -51,6 +51,9 @@ class AgentConfig:
         (one line of signatures and the call format, ~40 tokens). A template that renders tools
         itself ignores it.
       max_turns: agent turns (model replies) before the episode is cut with no purchase.
+      max_consecutive_repairs: cut the episode (no purchase) after this many malformed replies in a
+        row; 0 never cuts. A policy that has not written one valid call in k turns rarely writes
+        one later (a pretrained model that answers in prose), and each such turn costs a full reply.
       max_context_tokens: the conversation may not outgrow this (prompt + all turns + next reply).
       max_observation_chars: observations are cut to this many characters (keeps context bounded).
       show_affordances: append ShopSimulator's "search available / clickable buttons" lines.
@@ -60,6 +63,7 @@ class AgentConfig:
     enable_thinking: bool = False
     tool_preamble: Literal["full", "compact"] = "full"
     max_turns: int = 20
+    max_consecutive_repairs: int = 0
     max_context_tokens: int = 8192
     max_observation_chars: int = 3000
     show_affordances: bool = True
@@ -69,6 +73,8 @@ class AgentConfig:
             raise ValueError(f"agent.tool_format must be one of {TOOL_FORMATS} (or unset), got {self.tool_format!r}")
         if self.tool_preamble not in ("full", "compact"):
             raise ValueError(f"agent.tool_preamble must be 'full' or 'compact', got {self.tool_preamble!r}")
+        if self.max_consecutive_repairs < 0:
+            raise ValueError(f"agent.max_consecutive_repairs must be >= 0 (0: no limit), got {self.max_consecutive_repairs}")
         if self.max_turns < 1 or self.max_context_tokens < 64 or self.max_observation_chars < 100:
             raise ValueError("need max_turns >= 1, max_context_tokens >= 64, max_observation_chars >= 100")
 
@@ -264,6 +270,10 @@ def _advance(env: Env, traj: Trajectory, completion: Any, tokenizer: Any, sampli
     if len(traj.turns) >= config.max_turns:
         _end(traj, env, None, truncated="turns")
         return
+    limit = config.max_consecutive_repairs
+    if limit and len(traj.turns) >= limit and all(t.repair is not None for t in traj.turns[-limit:]):
+        _end(traj, env, None, truncated="repairs")
+        return
     text = continuation_text(tool_responses=responses, enable_thinking=config.enable_thinking, tokenizer=tokenizer)
     ids = tokenizer.encode(text, add_special_tokens=False)
     turn.observation_chars = sum(len(r) for r in responses)
@@ -275,7 +285,7 @@ def _advance(env: Env, traj: Trajectory, completion: Any, tokenizer: Any, sampli
 
 
 def _end(traj: Trajectory, env: Env, info: dict[str, Any] | None,
-         truncated: Literal["turns", "context"] | None = None) -> None:
+         truncated: Literal["turns", "context", "repairs"] | None = None) -> None:
     traj.done = True
     if info is not None:
         traj.reward_detail = dict(info["reward_detail"])

@@ -43,7 +43,7 @@ class Trajectory:
     reward_detail: dict[str, float] = dataclasses.field(default_factory=dict)
     env_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     done: bool = False
-    truncated: str | None = None  # 'turns', 'context', 'env_steps' or None
+    truncated: str | None = None  # 'turns', 'context', 'repairs', 'env_steps' or None
 
     def append(self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] | None = None) -> None:
         self.token_ids.extend(ids)

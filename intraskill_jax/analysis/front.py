@@ -88,10 +88,10 @@ def _guide(page: Page) -> None:
 def condition_cells(page: Page, i: int, row: dict[str, Any]) -> list[str]:
     """Model and guidance of condition row `i` in words."""
     policy = row["policy"]
-    model = page.t(f"cond.policy.{policy}") if policy in ("base", "trained") else esc(policy)
+    model = page.t(f"cond.policy.{policy}") if policy in ("base", "trained", "pretrained") else esc(policy)
     if row["skill"] in (None, "none"):
         guidance = page.t("cond.skill.none")
-    elif row["condition"] == "base_skill":
+    elif row["condition"] in ("base_skill", "pretrained_skill"):
         guidance = page.t("cond.skill.initial", name=f"<code>{esc(row['skill'])}</code>")
     elif row["condition"] == "trained_skill":
         guidance = page.t("cond.skill.final", name=f"<code>{esc(row['skill'])}</code>")

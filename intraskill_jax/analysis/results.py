@@ -35,6 +35,9 @@ DEFAULT_PAIRS = (
     ("base_skill", "base_bare"),
     ("trained_skill", "trained_bare"),
     ("trained_skill", "base_bare"),
+    # with the zero-shot checkpoint evaluated too: does S0 help it, and what the warm start adds
+    ("pretrained_skill", "pretrained_bare"),
+    ("base_bare", "pretrained_bare"),
 )
 
 

@@ -1,7 +1,8 @@
-"""Model throughput: our jitted Flax NNX Qwen3.5 against transformers (PyTorch) in one run.
+"""Model throughput: our jitted Flax NNX models against transformers (PyTorch) in one run.
 
-    python -m intraskill_jax.bench.model --json                     # small config, both kernel sets
+    python -m intraskill_jax.bench.model --json                     # small Qwen3.5 config, both kernel sets
     python -m intraskill_jax.bench.model --json --size quickstart   # the CPU quickstart's policy
+    python -m intraskill_jax.bench.model --json --size smollm2      # SmolLM2-135M (Llama), the pretrained CPU run's
     python -m intraskill_jax.bench.model --json --size 4b           # Qwen3.5-4B shapes, bf16 (accelerator)
 
 Both sides get the same architecture, batch and token ids (random weights each). Measured:
@@ -66,7 +67,7 @@ from sim import flagparse
 from intraskill_jax import allocator
 from intraskill_jax.models import (
     ModelConfig,
-    Qwen3_5ForCausalLM,
+    causal_lm_class,
     hf_config,
     init_cache,
     logprobs_from_hidden,
@@ -107,6 +108,13 @@ SIZES: dict[str, tuple[Callable[[], ModelConfig], BenchShape]] = {
             linear_value_head_dim=32, tie_word_embeddings=True,
         ),
         BenchShape(batch=8, seq=1024, decode_batch=32, prompt=128, new_tokens=32, history=896,
+                   cache_slots=2048),
+    ),
+    # SmolLM2-135M (configs/smollm2_cpu.py's policy) at an SFT micro-batch and a rollout batch of its
+    # sampler; a turn appends an observation of ~128 tokens to a history of ~768.
+    "smollm2": (
+        lambda: ModelConfig.smollm2_135m(dtype="float32", param_dtype="float32"),
+        BenchShape(batch=2, seq=1024, decode_batch=16, prompt=128, new_tokens=32, history=768,
                    cache_slots=2048),
     ),
     "4b": (
@@ -152,7 +160,7 @@ def _ours(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt:
     weight products on their own (`_decode_products_timer`)."""
     from intraskill_jax.rollout import jax_sampler
 
-    model = Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
+    model = causal_lm_class(config)(config, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(jax_sampler.for_sampling(model))
     g_train, p_train, r_train = nnx.split(model, nnx.Param, ...)
 
@@ -249,7 +257,7 @@ def _decode_products_timer(sampling_model: nnx.Module, rows: int, passes: int = 
 def _decode_weight_bytes(config: ModelConfig) -> int:
     """Bytes of the weights any decode step reads in full: every parameter but an untied input
     embedding, of which a step reads only its batch's rows."""
-    model = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: causal_lm_class(config)(config, rngs=nnx.Rngs(0)))
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     if not config.tie_word_embeddings:
         total -= config.vocab_size * config.hidden_size * jnp.dtype(config.params_dtype).itemsize
@@ -281,15 +289,17 @@ def _matmul_rate(dtype: jnp.dtype) -> Callable[[], float]:
 def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray,
                history: np.ndarray) -> dict[str, Task]:
     import torch
-    from transformers import Qwen3_5ForCausalLM as HFModel
-    from transformers import Qwen3_5TextConfig
+    import transformers
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, config.dtype)
     hf = hf_config(config)
     hf.pop("model_type"), hf.pop("architectures")
     torch.manual_seed(0)
-    model = HFModel(Qwen3_5TextConfig(**hf)).to(device=device, dtype=dtype)
+    model_class, config_class = {"qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
+                                 "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+                                 "llama": ("LlamaForCausalLM", "LlamaConfig")}[config.family]
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**hf)).to(device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     ids = torch.as_tensor(train_ids, device=device)
     prompt_t = torch.as_tensor(prompt, device=device)

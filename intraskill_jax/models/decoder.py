@@ -30,6 +30,7 @@ from intraskill_jax.models.layers import (
     Linear,
     RMSNorm,
     constrain,
+    matmul_dtype,
     rope_cos_sin,
 )
 from intraskill_jax.models.sharding import logical_axes
@@ -357,14 +358,12 @@ class CausalLM(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[..., h] -> float32 logits [..., V]."""
-        hidden = hidden.astype(self.config.compute_dtype)
         if self.output_embedding_t is not None:
             w, spec = self.output_embedding_t[...], "...d,dv->...v"
         else:
             w, spec = self.output_embedding(), "...d,vd->...v"
-        return jnp.einsum(
-            spec, hidden, w.astype(self.config.compute_dtype), preferred_element_type=jnp.float32
-        )
+        dt = matmul_dtype(self.config.compute_dtype, w.dtype)
+        return jnp.einsum(spec, hidden.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
 
     def __call__(
         self,

@@ -42,6 +42,18 @@ def constrain(x: jax.Array, axes: Axes) -> jax.Array:
 
 
 # --------------------------------------------------------------------------- basic layers
+def matmul_dtype(compute: jnp.dtype, weight: jnp.dtype) -> jnp.dtype:
+    """The dtype a product with a weight runs in: the narrower of the compute dtype and the weight's.
+
+    A bfloat16 copy of float32 weights (the CPU sampler's, `SamplerConfig.weight_dtype`) multiplies
+    in bfloat16 with float32 accumulation, while activations, norms and attention stay in float32:
+    XLA:CPU runs bfloat16 products ~2x faster on AVX512-BF16 but its bfloat16 elementwise work and
+    cache attention 5-8x slower (measured on SmolLM2's decode step).
+    """
+    compute, weight = jnp.dtype(compute), jnp.dtype(weight)
+    return weight if weight.itemsize < compute.itemsize else compute
+
+
 class Linear(nnx.Module):
     """y = x @ weight.T (+ bias) (+ lora_scale * lora(x)); weight [out_features, in_features] as in torch.
 
@@ -72,10 +84,9 @@ class Linear(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(self.dtype)
-        if self.weight_t is None:
-            y = jnp.einsum("...i,oi->...o", x, self.weight[...].astype(self.dtype))
-        else:
-            y = jnp.einsum("...i,io->...o", x, self.weight_t[...].astype(self.dtype))
+        w, spec = (self.weight[...], "...i,oi->...o") if self.weight_t is None else (self.weight_t[...], "...i,io->...o")
+        dt = matmul_dtype(self.dtype, w.dtype)
+        y = jnp.einsum(spec, x.astype(dt), w.astype(dt), preferred_element_type=self.dtype)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         if self.lora is not None:

@@ -14,7 +14,7 @@ from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, SkillContext,
 from intraskill_jax.agent.prompts import system_prompt
 from intraskill_jax.agent.trajectory import bucket_length, collate
 from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
-from intraskill_jax.tokenization import IM_END, parse_reply, train_tokenizer
+from intraskill_jax.tokenization import IM_END, ToolCall, format_tool_calls, parse_reply, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,24 @@ def test_malformed_replies_are_repairs_and_turn_limit_ends_with_zero_reward(worl
         assert t.done and t.truncated == "turns" and t.reward == 0.0 and len(t.turns) == 7
         assert t.repairs == 7 and all(turn.action is None for turn in t.turns)
     assert sorted(engine.released) == sorted(t.episode_id for t in trajs)
+
+
+def test_consecutive_repairs_cut_the_episode_only_when_uninterrupted(world, tok):
+    """With agent.max_consecutive_repairs=3 an episode ends after the third malformed reply in a
+    row; a valid call in between starts the count again."""
+    stop = tok.convert_tokens_to_ids(IM_END)
+    search = format_tool_calls([ToolCall("search", {"keywords": "pillow"})], tok.tool_format)
+    back = format_tool_calls([ToolCall("click", {"value": "back to search"})], tok.tool_format)
+    replies = ["prose", "prose", back, "prose", search, "prose", "prose", "prose", search]
+    turn = iter(replies)
+    engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False), lambda s, ids: next(turn), stop)
+    cfg = AgentConfig(tool_format=tok.tool_format, max_turns=20, max_consecutive_repairs=3)
+    (t,) = run_episodes(engine, envs_for(world, 1), tok, [EpisodeSpec(int(world.splits.test[0]))],
+                        SamplingParams(max_new_tokens=64), cfg)
+    assert [turn.repair is not None for turn in t.turns] == [True, True, False, True, False, True, True, True]
+    assert t.done and t.truncated == "repairs" and t.reward == 0.0
+    with pytest.raises(ValueError, match="max_consecutive_repairs"):
+        AgentConfig(max_consecutive_repairs=-1)
 
 
 def test_context_limit_and_reply_length_limit(world, tok):

@@ -135,6 +135,32 @@ def test_a_model_decoding_with_transposed_weights_samples_as_the_model_without(m
     assert all(m.weight_t is None for _, m in nnx.iter_modules(transposed) if isinstance(m, Linear))
 
 
+def test_a_sampler_with_bfloat16_weights_samples_as_a_bfloat16_copy_of_the_model(model):
+    """sampler.weight_dtype='bfloat16' over a float32 policy: the sampler multiplies by bfloat16 copies
+    (float32 activations and cache), so its greedy tokens are those of the policy with its weights
+    rounded to bfloat16, run without a cache; its log-probs stay near the float32 policy's (what the
+    trainer scores), and the policy it was given keeps its float32 weights."""
+    from intraskill_jax.models.layers import matmul_dtype
+
+    sampler = JaxSampler(model, small(weight_dtype="bfloat16"))
+    kinds = {v.dtype for v in jax.tree.leaves(sampler.state)}
+    assert jnp.dtype(jnp.bfloat16) in kinds and sampler.model_config.compute_dtype == jnp.float32
+    assert sampler._cache.layers[-1].key.dtype == jnp.float32  # every tiny model ends on an attention layer
+    assert {v.dtype for v in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float32)}
+    assert matmul_dtype(jnp.float32, jnp.bfloat16) == jnp.bfloat16 and matmul_dtype(jnp.float32, jnp.float32) == jnp.float32
+
+    rounded = variant(model, param_dtype="bfloat16")
+    nnx.update(rounded, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(model, nnx.Param)))
+    ps = prompts(11, 2)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
+    got = sampler.generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
+    for p, c in zip(ps, got, strict=True):
+        assert c.token_ids == greedy_reference(rounded, p, 12)
+        full = jnp.asarray([p + c.token_ids])
+        exact = token_logprobs(model, full[:, :-1], full[:, 1:])[0, len(p) - 1:]
+        np.testing.assert_allclose(c.logprobs, exact, atol=0.05)
+
+
 def test_logprobs_equal_what_the_trainer_recomputes(model):
     sampler = JaxSampler(model, small(seed=3))
     ps = prompts(1, 2)
