@@ -85,6 +85,7 @@ def token_logprobs(
     temperature: float = 1.0,
     positions: jax.Array | None = None,
     return_entropy: bool = False,
+    target_positions: jax.Array | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Log-prob of `targets[b, t]` under the model's next-token distribution after input_ids[b, :t+1].
 
@@ -97,10 +98,16 @@ def token_logprobs(
       attention_mask: [B, T] or None (all real tokens).
       chunk_size: sequence chunk for the vocabulary projection (default config.logits_chunk_size).
       temperature: sampling temperature whose distribution is scored.
+      target_positions: [B, K] int: score only these positions, `targets` then being [B, K] (the
+        target of each); the vocabulary projection runs on K positions instead of T.
     Returns:
-      [B, T] float32 log-probs (and [B, T] entropies when `return_entropy`).
+      [B, T] (or [B, K]) float32 log-probs (and entropies when `return_entropy`).
     """
     hidden, _ = model.hidden_states(input_ids, attention_mask, positions=positions)
+    if target_positions is not None:
+        hidden = jnp.take_along_axis(hidden, target_positions[..., None], axis=1)
+        if attention_mask is not None:
+            attention_mask = jnp.take_along_axis(attention_mask, target_positions, axis=1)
     out = logprobs_from_hidden(
         hidden,
         model.output_embedding(),

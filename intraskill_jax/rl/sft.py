@@ -32,6 +32,7 @@ from intraskill_jax.rl.train_step import (
     OptimConfig,
     TrainBatch,
     TrainState,
+    compacted,
     init_train_state,
     make_optimizer,
     pad_rows,
@@ -97,6 +98,8 @@ def sft_batches(trajectories: Sequence[Trajectory], config: SFTConfig, *, pad_id
                 context = train_batch({**collated, "loss_mask": collated["attention_mask"]}).loss_mask
                 batch = batch._replace(loss_mask=np.where(batch.loss_mask > 0, batch.loss_mask,
                                                           config.context_loss_weight * context))
+            else:  # replies only: the vocabulary projection runs on them alone
+                batch = compacted(batch)
             yield pad_rows(batch, config.batch_size)
 
 

@@ -233,8 +233,11 @@ def merge_params(graphdef: nnx.GraphDef, state: TrainState) -> nnx.Module:
 class TrainBatch(NamedTuple):
     """Prediction-aligned training rows: position t predicts targets[b, t] from input_ids[b, :t+1].
 
-    input_ids, targets, attention_mask: [B, L] int; loss_mask: [B, L] float (1: trained target);
-    advantages: [B] (GRPO only); rollout/old/ref_logprobs: [B, L] log-probs of targets[b, t].
+    input_ids, attention_mask: [B, L] int; advantages: [B] (GRPO only). The per-target arrays,
+    targets (int), loss_mask (float, 1: trained target) and rollout/old/ref_logprobs (log-probs of
+    the targets), are [B, L], or, when `target_positions` [B, K] is given, [B, K]: the k-th entry of
+    row b is the target of position target_positions[b, k] (a compact batch, `train_batch(...,
+    compact=True)`: only the trained targets, whose logits alone are computed).
     """
 
     input_ids: Any
@@ -245,6 +248,7 @@ class TrainBatch(NamedTuple):
     rollout_logprobs: Any = None
     old_logprobs: Any = None
     ref_logprobs: Any = None
+    target_positions: Any = None
 
     @property
     def num_rows(self) -> int:
@@ -257,9 +261,20 @@ def _next(x: Any) -> np.ndarray:
     return np.concatenate([x[:, 1:], np.zeros_like(x[:, :1])], axis=1)
 
 
+# A compact batch keeps K = COMPACT_MIN * 2**j targets per row: few compiled shapes.
+COMPACT_MIN = 64
+
+
 def train_batch(collated: Mapping[str, Any], *, advantages: Any = None, old_logprobs: Any = None,
-                ref_logprobs: Any = None, use_rollout_logprobs: bool = True) -> TrainBatch:
-    """A `TrainBatch` from `collate(...)` output plus token-aligned extras (host-side, NumPy)."""
+                ref_logprobs: Any = None, use_rollout_logprobs: bool = True, compact: bool = False) -> TrainBatch:
+    """A `TrainBatch` from `collate(...)` output plus token-aligned extras (host-side, NumPy).
+
+    `compact`: keep only the targets the loss mask trains (K per row: the most any row has, rounded
+    up to `COMPACT_MIN` times a power of two; a row's spare entries zero-masked), so the update projects K positions to
+    the vocabulary instead of L: a policy's sampled replies are a small part of its episodes
+    (SmolLM2 on the shop: ~15% of the tokens, while the projection to its 49,152-token vocabulary
+    is a third of a LoRA update's FLOPs). Every sum and count is the dense batch's.
+    """
     tokens = np.asarray(collated["tokens"])
     if tokens.ndim != 2:
         raise ValueError(f"collated tokens must be [B, L], got shape {tokens.shape}")
@@ -269,7 +284,7 @@ def train_batch(collated: Mapping[str, Any], *, advantages: Any = None, old_logp
     if advantages is not None and np.shape(advantages) != tokens.shape[:1]:
         raise ValueError(f"advantages has shape {np.shape(advantages)}; expected ({tokens.shape[0]},)")
     rollout = collated.get("rollout_logprobs") if use_rollout_logprobs else None
-    return TrainBatch(
+    batch = TrainBatch(
         input_ids=tokens,
         targets=_next(tokens),
         attention_mask=np.asarray(collated["attention_mask"]),
@@ -279,6 +294,33 @@ def train_batch(collated: Mapping[str, Any], *, advantages: Any = None, old_logp
         old_logprobs=None if old_logprobs is None else _next(np.asarray(old_logprobs, np.float32)),
         ref_logprobs=None if ref_logprobs is None else _next(np.asarray(ref_logprobs, np.float32)),
     )
+    return compacted(batch) if compact else batch
+
+
+_PER_TARGET = ("targets", "loss_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs")
+
+
+def compacted(batch: TrainBatch) -> TrainBatch:
+    """`batch` with only its trained targets (see `train_batch(compact=True)`)."""
+    if batch.target_positions is not None:
+        return batch
+    trained = np.asarray(batch.loss_mask) > 0
+    k = COMPACT_MIN
+    while k < trained.sum(axis=1).max(initial=0):
+        k *= 2
+    # Each row's trained positions in order, then position 0 for the rest (masked below).
+    order = np.argsort(~trained, axis=1, kind="stable")[:, :k]
+    keep = np.take_along_axis(trained, order, axis=1)
+    positions = np.where(keep, order, 0).astype(np.int32)
+
+    def take(name: str, x: Any) -> Any:
+        if x is None or name not in _PER_TARGET:
+            return x
+        picked = np.take_along_axis(np.asarray(x), positions, axis=1)
+        return np.where(keep, picked, 0).astype(np.asarray(x).dtype)
+
+    return batch._replace(**{name: take(name, getattr(batch, name)) for name in _PER_TARGET},
+                          target_positions=positions)
 
 
 def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
@@ -494,7 +536,8 @@ def grpo_micro_loss(model: nnx.Module, mb: TrainBatch, totals: Totals, *, loss_c
     if mb.advantages is None:
         raise ValueError("the GRPO step needs advantages in the TrainBatch")
     logprobs, entropy = token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask,
-                                       temperature=temperature, return_entropy=True)
+                                       temperature=temperature, return_entropy=True,
+                                       target_positions=mb.target_positions)
     out = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, loss_config,
                       rollout_logprobs=mb.rollout_logprobs, ref_logprobs=mb.ref_logprobs,
                       entropy=jax.lax.stop_gradient(entropy), num_tokens=totals.tokens,
@@ -504,7 +547,8 @@ def grpo_micro_loss(model: nnx.Module, mb: TrainBatch, totals: Totals, *, loss_c
 
 def sft_micro_loss(model: nnx.Module, mb: TrainBatch, totals: Totals) -> tuple[jax.Array, dict[str, Weighted]]:
     """Token-mean negative log-likelihood of the trained targets (global token count)."""
-    logprobs = token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask)
+    logprobs = token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask,
+                              target_positions=mb.target_positions)
     mask = mb.loss_mask.astype(jnp.float32)
     nll = -(logprobs * mask).sum()
     return nll / jnp.maximum(totals.tokens, 1.0), {"nll": Weighted(nll, mask.sum())}
@@ -533,9 +577,10 @@ def sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, co
 class LogprobFn:
     """Trainer-side log-probs of collated tokens at given parameters, without gradients.
 
-    `fn(params, collated) -> [B, L]` token-aligned (column 0 and padding are 0): the "old"
-    log-probs for several updates per batch and for the rollout/trainer mismatch (TIS), or the
-    reference policy's log-probs for a KL penalty.
+    `fn(params, collated) -> [B, L]` token-aligned: the "old" log-probs for several updates per
+    batch and for the rollout/trainer mismatch (TIS), or the reference policy's log-probs for a KL
+    penalty. Only the tokens the loss mask trains are scored (a compact batch, `compacted`); every
+    other entry, column 0 and padding included, is 0.
     """
 
     def __init__(self, graphdef: nnx.GraphDef, *, temperature: float = 1.0, micro_batch_size: int | None = None,
@@ -556,7 +601,8 @@ class LogprobFn:
                 # layers (policy.remat='full') cannot run on parameters closed over from outside
                 # (flax's TraceContextError).
                 model = nnx.merge(self.graphdef, params)
-                return token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask, temperature=self.temperature)
+                return token_logprobs(model, mb.input_ids, mb.targets, mb.attention_mask, temperature=self.temperature,
+                                      target_positions=mb.target_positions)
 
             def skip(params: nnx.State, mb: TrainBatch) -> jax.Array:
                 return jnp.zeros(mb.targets.shape, jnp.float32)
@@ -564,14 +610,18 @@ class LogprobFn:
             # Micro-batches of padding rows only (no trained token) are not scored.
             return jax.lax.cond(jnp.any(mb.loss_mask > 0), score, skip, params, mb)
 
-        lp = jax.lax.map(one, _micro_batches(batch, num_micro))  # [n, rows, L]
-        lp = lp.swapaxes(0, 1).reshape(batch.input_ids.shape)
+        lp = jax.lax.map(one, _micro_batches(batch, num_micro))  # [n, rows, K or L]
+        lp = lp.swapaxes(0, 1).reshape(batch.input_ids.shape[0], -1)
+        if batch.target_positions is not None:  # back from the kept targets to their positions
+            rows = jnp.arange(lp.shape[0])[:, None]
+            lp = jnp.zeros(batch.input_ids.shape, jnp.float32).at[rows, batch.target_positions].add(
+                jnp.where(batch.loss_mask > 0, lp, 0.0))
         # Prediction t scores token t + 1: shift right to token alignment.
         return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp[:, :-1]], axis=1)
 
     def __call__(self, params: nnx.State, collated: Mapping[str, Any], *, pad_to: int = 1) -> jax.Array:
         """`pad_to`: pad the rows to a multiple of this first (e.g. a fixed count: one shape)."""
-        full = train_batch(collated, use_rollout_logprobs=False)
+        full = train_batch(collated, use_rollout_logprobs=False, compact=True)
         rows = full.num_rows
         micro = self.micro_batch_size or rows
         batch = pad_rows(pad_rows(full, pad_to), micro)

@@ -117,8 +117,10 @@ def test_loss_counts_only_assistant_tokens(demos):
 
     base = float(loss(model, batch))
     # The same value from full-vocabulary logits: NLL averaged over assistant targets only.
+    # (The batch is compact, replies only: entry k of row b is the target of position target_positions[b, k].)
     logp = jax.nn.log_softmax(model(jnp.asarray(batch.input_ids), attention_mask=jnp.asarray(batch.attention_mask)))
-    picked = np.take_along_axis(np.asarray(logp), batch.targets[..., None], axis=-1)[..., 0]
+    logp = np.take_along_axis(np.asarray(logp), batch.target_positions[..., None], axis=1)
+    picked = np.take_along_axis(logp, batch.targets[..., None], axis=-1)[..., 0]
     assert base == pytest.approx(-(picked * mask).sum() / mask.sum(), rel=1e-5)
 
     rng = np.random.default_rng(0)
@@ -139,7 +141,10 @@ def test_context_loss_weight_trains_every_real_token(demos):
     mixed = next(sft_batches(trajectories, SFTConfig(batch_size=3, context_loss_weight=0.25), pad_id=pad))
     # A prediction is real when the token it predicts is a real token.
     real = np.concatenate([plain.attention_mask[:, 1:], np.zeros_like(plain.attention_mask[:, :1])], axis=1) > 0
-    expected = np.where(plain.loss_mask > 0, 1.0, np.where(real, 0.25, 0.0))
+    replies = np.zeros(real.shape)  # the plain batch is compact: its reply targets back at their positions
+    np.add.at(replies, (np.arange(len(real))[:, None], plain.target_positions), plain.loss_mask)
+    assert replies.sum() == plain.loss_mask.sum() > 0
+    expected = np.where(replies > 0, 1.0, np.where(real, 0.25, 0.0))
     np.testing.assert_array_equal(mixed.loss_mask, expected)
     assert (mixed.loss_mask == 0.25).sum() > 2 * (mixed.loss_mask == 1.0).sum()
     with pytest.raises(ValueError, match="context_loss_weight"):

@@ -216,10 +216,46 @@ def test_logprob_fn_matches_the_model_and_the_step(setup):
     model = nnx.merge(graphdef, state.params)
     tokens, attention = jnp.asarray(collated["tokens"]), jnp.asarray(collated["attention_mask"])
     direct = token_logprobs(model, tokens[:, :-1], tokens[:, 1:], attention[:, :-1], temperature=TEMPERATURE)
-    micro = setup["logprob_fn"](state.params, collated)
-    np.testing.assert_allclose(np.asarray(micro)[:, 1:], np.asarray(direct), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(micro), setup["current"], rtol=1e-5, atol=1e-6)
-    assert float(jnp.abs(micro[:, 0]).max()) == 0.0
+    micro = np.asarray(setup["logprob_fn"](state.params, collated))
+    trained = collated["loss_mask"] > 0  # only the tokens the loss trains are scored; the rest are 0
+    np.testing.assert_allclose(micro[:, 1:][trained[:, 1:]], np.asarray(direct)[trained[:, 1:]], rtol=1e-5, atol=1e-6)
+    assert np.all(micro[~trained] == 0.0) and float(np.abs(micro[:, 0]).max()) == 0.0
+    np.testing.assert_allclose(micro, setup["current"], rtol=1e-5, atol=1e-6)
+
+
+def test_compacted_keeps_exactly_the_trained_targets(setup):
+    batch = setup["batch"]
+    compact = ts.compacted(batch)
+    trained = batch.loss_mask > 0
+    k = compact.target_positions.shape[1]
+    # 64 x 2**j, the smallest holding every row's trained targets, but never more than the length
+    assert k == min(64, batch.loss_mask.shape[1]) and trained.sum(axis=1).max() <= k
+    for b in range(batch.num_rows):
+        n = int(trained[b].sum())
+        np.testing.assert_array_equal(compact.target_positions[b, :n], np.flatnonzero(trained[b]))
+        for name in ("targets", "loss_mask", "rollout_logprobs", "old_logprobs", "ref_logprobs"):
+            dense, kept = getattr(batch, name), getattr(compact, name)
+            np.testing.assert_array_equal(kept[b, :n], dense[b][trained[b]])
+            assert np.all(kept[b, n:] == 0), name
+    np.testing.assert_array_equal(compact.input_ids, batch.input_ids)
+    assert ts.compacted(compact) is compact
+    long = ts.train_batch(_collated(rows=2, length=300))  # up to ~200 trained targets per row
+    assert long.loss_mask.sum(axis=1).max() > 128 and ts.compacted(long).target_positions.shape[1] == 256
+
+
+@pytest.mark.parametrize("micro", [None, 2])
+def test_a_compact_batch_gives_the_dense_update(setup, micro):
+    """Scoring only the trained targets changes no sum, count or gradient: the same new parameters
+    and metrics as the dense batch, in one pass and in micro-batches (GRPO and SFT)."""
+    optim = dataclasses.replace(OPTIM, micro_batch_size=micro)
+    graphdef, state, tx, batch = setup["graphdef"], setup["state"], setup["tx"], setup["batch"]
+    for make in (lambda: ts.grpo_step(graphdef, tx, optim, LOSS, temperature=TEMPERATURE, donate=False),
+                 lambda: ts.sft_step(graphdef, tx, optim, donate=False)):
+        dense_state, dense_m = make()(state, batch)
+        compact_state, compact_m = make()(state, ts.compacted(batch))
+        assert _max_diff(compact_state.params, dense_state.params) < 1e-6
+        for name, value in _to_host(dense_m).items():
+            np.testing.assert_allclose(_to_host(compact_m)[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_loss_decreases_over_updates_on_a_fixed_batch(setup):
