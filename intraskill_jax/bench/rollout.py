@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -127,7 +128,7 @@ def _setup(episodes: int, turns: int, new_tokens: int, size: str, kernels: str):
     cfg = SIZES[size][0]()
     family = get_family(cfg.family)
     tok = train_tokenizer(texts, vocab_size=4096, tool_format=family.tool_format)
-    cfg = dataclasses.replace(cfg, vocab_size=len(tok), **KERNELS[kernels])
+    cfg = dataclasses.replace(cfg, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **KERNELS[kernels])
     model = family.model_class(cfg, rngs=nnx.Rngs(0))
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(tok.convert_tokens_to_ids(IM_END),))
     agent = AgentConfig(tool_format=family.tool_format, max_turns=turns, max_context_tokens=32768,
@@ -161,8 +162,10 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     # Alternating rounds, best of each side: load from other processes only ever slows a run down.
     runs, runs_ref = [], []
     for r in range(rounds):
-        runs.append(_play(ours, world, tok, tasks, sampling, agent, f"ours{r}"))
-        runs_ref.append(_play(ref, world, tok, tasks, sampling, agent, f"ref{r}"))
+        for side, done, engine in (("ours", runs, ours), ("ref", runs_ref, ref)):
+            done.append(_play(engine, world, tok, tasks, sampling, agent, f"{side}{r}"))
+            # One line per round on stderr: a run cut off by a time limit still leaves its figures.
+            print(json.dumps({"round": r, "side": side, "seconds": done[-1][0]}), file=sys.stderr, flush=True)
     (s, cpu, trajs), (s_ref, cpu_ref, trajs_ref) = min(runs, key=lambda x: x[0]), min(runs_ref, key=lambda x: x[0])
     load_after = os.getloadavg()[0]
     gen, gen_ref = sum(t.generated_tokens for t in trajs), sum(t.generated_tokens for t in trajs_ref)
