@@ -61,7 +61,7 @@ def test_help_lists_the_commands_flags_and_a_bad_flag_is_one_line(capsys, main, 
 
 @pytest.mark.parametrize("main,argv,message", [
     (model.main, ["--kernels=default,gpu"], "flag --kernels=['default', 'gpu']: one or more of default, cpu"),
-    (model.main, ["--size=huge"], "flag --size=huge: value should be one of <4b|quickstart|small>"),
+    (model.main, ["--size=huge"], "flag --size=huge: value should be one of <4b|quickstart|small|smollm2>"),
     (copy_probe.main, ["--variants=transformer"], "flag --variants=['transformer']: one or more of hybrid"),
     (_intraskill("serve"), ["--port=30000"], "Flag --model-path must have a value other than None"),
     (_intraskill("report"), ["--workdir=gs:/bucket/run"], "looks like a gs:// URL that lost a slash"),
