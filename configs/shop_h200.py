@@ -9,7 +9,7 @@ so partial RoPE rotates 16 dims) and a tokenizer trained on the simulator's text
 oracle demonstrations (~18M tokens, 3 epochs); two co-evolution rounds of 8 GRPO steps with the
 full S0 skill; the four conditions on 200 test tasks. Targets: the warm start succeeds on >= 10%
 of the test tasks, the trained policy on >= the warm start + 15 points with a paired 95% interval
-above zero. Not yet run on an accelerator (README, Performance).
+above zero. Not yet run on an accelerator (DEVELOPERS.md, the lent H200).
 
 The shop is the real one with two simplifications that keep the copying a from-scratch model
 must learn to what a few million tokens teach: products are clicked by their rank on the results

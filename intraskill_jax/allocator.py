@@ -6,7 +6,7 @@ from a fresh `mmap` and unmaps it when freed, so every step faults its whole wor
 (~164K page faults, ~0.4 s of kernel time per step on two cores). tcmalloc keeps freed memory for
 reuse, as does jemalloc told to (`MALLOC_CONF` below); with tcmalloc preloaded the training step
 of `python -m intraskill_jax.bench.model --size quickstart` ran 1.2-1.6x and its prefill ~2x
-faster on this project's 2-core machine (README, Performance, Models). glibc has no run-time
+faster on this project's 2-core machine (docs/performance.md, Models). glibc has no run-time
 setting that does the same: its non-main arenas map large blocks whatever `M_MMAP_MAX` says, and
 one arena for all threads (`M_ARENA_MAX=1`) gained ~10% with more CPU time.
 
