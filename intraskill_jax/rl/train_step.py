@@ -313,14 +313,13 @@ def compacted(batch: TrainBatch) -> TrainBatch:
     keep = np.take_along_axis(trained, order, axis=1)
     positions = np.where(keep, order, 0).astype(np.int32)
 
-    def take(name: str, x: Any) -> Any:
-        if x is None or name not in _PER_TARGET:
+    def take(x: Any) -> Any:
+        if x is None:
             return x
         picked = np.take_along_axis(np.asarray(x), positions, axis=1)
         return np.where(keep, picked, 0).astype(np.asarray(x).dtype)
 
-    return batch._replace(**{name: take(name, getattr(batch, name)) for name in _PER_TARGET},
-                          target_positions=positions)
+    return batch._replace(**{name: take(getattr(batch, name)) for name in _PER_TARGET}, target_positions=positions)
 
 
 def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
