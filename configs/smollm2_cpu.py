@@ -29,7 +29,7 @@ SHORT = {
     "sim.splits.num_test": 8, "sim.splits.num_validation": 16,
     "warm_start.num_demos": 8, "warm_start.heldout_demos": 4, "warm_start.sft.epochs": 1,
     "train.rounds": 1, "train.gate_every": 1, "train.groups_per_step": 2, "train.group_size": 2,
-    "skills.validation_tasks": 8, "skills.gate.bootstrap_resamples": 200, "eval.num_tasks": 4,
+    "skills.validation_tasks": 16, "skills.gate.bootstrap_resamples": 200, "eval.num_tasks": 4,
 }
 
 
@@ -44,12 +44,12 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.sim.env.page_size = 5
     c.sim.env.result_labels = "rank"
     c.sim.env.show_detail_pages = False
-    c.sim.env.max_steps = 12
+    c.sim.env.max_steps = 10
     c.sim.splits.num_test = 200
-    c.sim.splits.num_validation = 100
-    c.agent.max_turns = 10
+    c.sim.splits.num_validation = 48
+    c.agent.max_turns = 8
     c.agent.max_context_tokens = 3072
-    c.agent.max_observation_chars = 600
+    c.agent.max_observation_chars = 500
     c.agent.show_affordances = False
     c.agent.tool_preamble = "compact"
     c.agent.max_consecutive_repairs = 3
@@ -62,27 +62,27 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.sampling.max_new_tokens = 48
     c.warm_start.enabled = True
     c.warm_start.num_demos = 160
-    c.warm_start.heldout_demos = 32
-    c.warm_start.sft.batch_size = 8
+    c.warm_start.heldout_demos = 16
+    c.warm_start.sft.batch_size = 4
     c.warm_start.sft.epochs = 1
     c.warm_start.sft.optim.learning_rate = 1e-3
-    c.warm_start.sft.optim.warmup_steps = 4
+    c.warm_start.sft.optim.warmup_steps = 2
     c.warm_start.sft.optim.micro_batch_size = 2
     c.warm_start.sft.lora.enabled = True
     c.warm_start.sft.lora.rank = 16
     c.warm_start.sft.lora.alpha = 32.0
     c.train.rounds = 2
-    c.train.gate_every = 5
-    c.train.groups_per_step = 4
+    c.train.gate_every = 2
+    c.train.groups_per_step = 2
     c.train.group_size = 8
-    c.train.checkpoint_every = 5
-    c.train.optim.learning_rate = 2e-4
+    c.train.checkpoint_every = 1
+    c.train.optim.learning_rate = 3e-4
     c.train.optim.micro_batch_size = 4
     c.train.lora.enabled = True
     c.train.lora.rank = 16
     c.train.lora.alpha = 32.0
     c.skills.initial = "skills/s0"
-    c.skills.validation_tasks = 64
+    c.skills.validation_tasks = 32
     c.skills.max_failures_analysed = 64
     c.skills.analysts.max_proposals = 2
     c.skills.gate.bootstrap_resamples = 1000

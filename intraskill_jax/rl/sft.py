@@ -161,7 +161,9 @@ def run_sft(model: nnx.Module, trajectories: Sequence[Trajectory], config: SFTCo
 
 @nnx.jit
 def _masked_logprobs(model: nnx.Module, batch: TrainBatch) -> jax.Array:
-    return token_logprobs(model, batch.input_ids, batch.targets, batch.attention_mask) * batch.loss_mask
+    """[B, K] log-probs of a compact batch's kept targets (0 where the loss mask is)."""
+    return token_logprobs(model, batch.input_ids, batch.targets, batch.attention_mask,
+                          target_positions=batch.target_positions) * batch.loss_mask
 
 
 def reply_logprobs(model: nnx.Module, trajectories: Sequence[Trajectory], *, pad_id: int,
@@ -174,8 +176,11 @@ def reply_logprobs(model: nnx.Module, trajectories: Sequence[Trajectory], *, pad
     out = []
     for start in range(0, len(trajectories), batch_size):
         chunk = trajectories[start:start + batch_size]
-        batch = pad_rows(train_batch(collate(chunk, pad_id)), batch_size)
-        lp = np.asarray(_masked_logprobs(model, jax.tree.map(np.asarray, batch)))
+        # Compact: the vocabulary projection runs on the replies' positions only.
+        batch = pad_rows(train_batch(collate(chunk, pad_id), compact=True), batch_size)
+        kept = np.asarray(_masked_logprobs(model, jax.tree.map(np.asarray, batch)))
+        lp = np.zeros(batch.input_ids.shape, np.float32)
+        np.add.at(lp, (np.arange(len(lp))[:, None], batch.target_positions), kept)
         for row, traj in zip(lp, chunk):
             sampled = np.asarray(traj.loss_mask, bool)
             edges = np.flatnonzero(np.diff(np.concatenate([[False], sampled, [False]]).astype(int)))
