@@ -111,6 +111,18 @@ def ensure() -> None:
     os.execve(sys.executable, sys.orig_argv, env)
 
 
+def release_free_memory() -> None:
+    """Hands the memory the allocator holds free back to the system (tcmalloc's page heap, glibc's
+    trimmable top): after a stage whose peak the next one does not need (the warm start before
+    the co-evolution loop), so the next one's allocations do not stack on top of a cache."""
+    libc = ctypes.CDLL(None)
+    name = active()
+    if name == "tcmalloc" and hasattr(libc, "MallocExtension_ReleaseFreeMemory"):
+        libc.MallocExtension_ReleaseFreeMemory()
+    elif name == "system" and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
 def _restore(name: str, library: str) -> None:
     """In the re-executed process: the caller's environment again, for child processes (which
     then decide for themselves). Idempotent: once restored, LD_PRELOAD no longer starts with ours."""

@@ -22,6 +22,7 @@ never from state that a kill would lose.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -29,13 +30,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from etils import epath
 
 from sim.env import ShopEnv
 from sim.world import World, build_world
 
-from intraskill_jax import distributed, provenance, rundir
+from intraskill_jax import allocator, distributed, provenance, rundir
 from intraskill_jax.agent.episode import SkillContext
 from intraskill_jax.agent.trajectory import Trajectory
 from intraskill_jax.progress import Progress, as_progress
@@ -111,6 +113,11 @@ class Coevolution:
         # The warm start keeps the base's family, so the agent's tool-call format is read once.
         with provenance.stage(workdir, "warm start", enabled=config.warm_start.enabled):
             policy_path = warm_start(config.for_policy(base), workdir, base, world, progress=progress, mesh=mesh)
+        # The warm start's programs and freed buffers go before the loop's model, sampler cache and
+        # update allocate theirs (on two cores and 24 GB, SmolLM2's run was killed there otherwise).
+        gc.collect()
+        jax.clear_caches()
+        allocator.release_free_memory()
         return cls(config, workdir, policy_path, world=world, progress=progress, mesh=mesh, engine=engine)
 
     # -- state -------------------------------------------------------------------------------------
