@@ -80,7 +80,9 @@ def _probability(est: Mapping[str, float], config: MaskConfig) -> float:
     beta, se = (float("nan") if est.get(k) is None else float(est[k]) for k in ("beta", "se"))
     if not np.isfinite(beta):
         return config.prior
-    if not np.isfinite(se) or se <= 0:
+    if beta == 0:
+        z = 0.0
+    elif not np.isfinite(se) or se <= 0:
         z = np.sign(beta) * np.inf  # exact estimate: all the way to floor or ceiling
     else:
         z = beta / se

@@ -1,5 +1,6 @@
 """Tests for intraskill_jax/skills/masks.py: group context sampling and full-skill retries."""
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,11 @@ def test_inclusion_follows_estimates_with_floor_and_ceiling(s0):
     np.testing.assert_allclose(masks.mean(axis=0), p, atol=0.025)
     hot = MaskConfig(skill_free=0.0, temperature=4.0, floor=0.0, ceiling=1.0)
     assert inclusion_probabilities(bank, hot)[0] == pytest.approx(1 / (1 + np.exp(-1.0)))
+    # An exact estimate (se 0) goes to the floor or ceiling by its sign; an exact zero is neutral.
+    exact = _with_estimates(s0, {ids[0]: (0.1, 0.0), ids[1]: (-0.1, 0.0), ids[2]: (0.0, 0.0)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no 0 * inf on the way
+        np.testing.assert_allclose(inclusion_probabilities(exact, cfg)[:3], [0.85, 0.1, 0.5])
 
 
 def test_sampling_is_seeded(s0):
