@@ -13,7 +13,13 @@ sides.
 
 `update_tokens_per_s` times the GRPO update (`rl.train_step.grpo_step`: forward, backward, AdamW)
 on the collated trajectories of the same run: one warm-up call compiles it, then the median of
-`--update-repeats` calls; tokens are the batch's attention-mask tokens.
+`--update-repeats` calls; tokens are the batch's attention-mask tokens. `update_compact_tokens_per_s`
+is the same update on the compact batch the learner trains on (the vocabulary projection on the
+sampled tokens only), the two alternating call by call.
+
+`--size smollm2` plays with SmolLM2-135M-Instruct's own tokenizer and chat template (fetched by
+`intraskill fetch-model` on first use) and its whole 49,152-token vocabulary; the weights stay
+random, so every episode still runs its full turn budget.
 """
 
 from __future__ import annotations
@@ -98,7 +104,9 @@ def _play(engine, world, tok, tasks, sampling, agent, prefix) -> tuple[float, fl
 
 
 def update_tokens_per_s(model: nnx.Module, trajs: Sequence[Trajectory], pad_id: int, repeats: int) -> dict[str, Any]:
-    """Median tokens/s of the GRPO update on `trajs` (one warm-up call compiles it)."""
+    """Median tokens/s of the GRPO update on `trajs`, on the dense batch and on the compact one (the
+    vocabulary projection on the sampled tokens only, as the learner trains), alternating call by
+    call; one warm-up call of each compiles it."""
     tx = make_optimizer(OptimConfig(learning_rate=1e-6))
     graphdef, state = init_train_state(model, tx)
     step = grpo_step(graphdef, tx, OptimConfig(learning_rate=1e-6), LossConfig(), temperature=1.0)
@@ -106,18 +114,23 @@ def update_tokens_per_s(model: nnx.Module, trajs: Sequence[Trajectory], pad_id: 
     # Values do not change the work; alternating signs keep the gradient non-trivial. The rollout
     # log-probs stand in for the trainer's old log-probs (same shape, same program).
     advantages = np.where(np.arange(len(trajs)) % 2 == 0, 1.0, -1.0)
-    batch = train_batch(collated, advantages=advantages, old_logprobs=collated["rollout_logprobs"])
-    times = []
+    batches = {compact: train_batch(collated, advantages=advantages, old_logprobs=collated["rollout_logprobs"],
+                                    compact=compact) for compact in (False, True)}
+    times = {False: [], True: []}
     for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        state, metrics = step(state, batch)
-        jax.block_until_ready((state, metrics))
-        if i:  # the first call compiles
-            times.append(time.perf_counter() - t0)
-    seconds = statistics.median(times)
+        for compact, batch in batches.items():
+            t0 = time.perf_counter()
+            state, metrics = step(state, batch)
+            jax.block_until_ready((state, metrics))
+            if i:  # the first call of each compiles
+                times[compact].append(time.perf_counter() - t0)
+    dense, compact = statistics.median(times[False]), statistics.median(times[True])
     tokens = int(collated["attention_mask"].sum())
-    return {"update_tokens_per_s": tokens / seconds, "update_seconds": seconds,
-            "update_batch": list(collated["tokens"].shape), "update_tokens": tokens}
+    return {"update_tokens_per_s": tokens / dense, "update_seconds": dense,
+            "update_compact_tokens_per_s": tokens / compact, "update_compact_seconds": compact,
+            "update_batch": list(collated["tokens"].shape), "update_tokens": tokens,
+            "update_trained_tokens": int(np.asarray(collated["loss_mask"]).sum()),
+            "update_compact_targets": batches[True].targets.shape[1]}
 
 
 def _setup(episodes: int, turns: int, new_tokens: int, size: str, kernels: str):
@@ -127,12 +140,20 @@ def _setup(episodes: int, turns: int, new_tokens: int, size: str, kernels: str):
     texts += [world.catalog.tasks[i].instruction for i in range(0, len(world.catalog), 5)]
     cfg = SIZES[size][0]()
     family = get_family(cfg.family)
-    tok = train_tokenizer(texts, vocab_size=4096, tool_format=family.tool_format)
-    cfg = dataclasses.replace(cfg, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **KERNELS[kernels])
-    model = family.model_class(cfg, rngs=nnx.Rngs(0))
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(tok.convert_tokens_to_ids(IM_END),))
     agent = AgentConfig(tool_format=family.tool_format, max_turns=turns, max_context_tokens=32768,
                         max_observation_chars=2000)
+    if size == "smollm2":  # the checkpoint's own tokenizer and ChatML template, its whole vocabulary
+        from intraskill_jax.models.acquire import fetch_model
+        from intraskill_jax.policy import load_tokenizer
+
+        agent = dataclasses.replace(agent, tool_preamble="compact")  # as configs/smollm2_cpu.py writes the tools
+        tok = load_tokenizer(fetch_model("smollm2-135m-instruct"), agent)
+        cfg = dataclasses.replace(cfg, pad_token_id=tok.pad_token_id, **KERNELS[kernels])
+    else:
+        tok = train_tokenizer(texts, vocab_size=4096, tool_format=family.tool_format)
+        cfg = dataclasses.replace(cfg, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **KERNELS[kernels])
+    model = family.model_class(cfg, rngs=nnx.Rngs(0))
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(tok.convert_tokens_to_ids(IM_END),))
     return world, tok, model, sampling, agent, [int(t) for t in world.splits.test[:episodes]]
 
 

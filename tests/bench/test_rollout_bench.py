@@ -1,0 +1,29 @@
+"""The rollout benchmark runs end to end on a micro config: both engines play the same episodes and
+the GRPO update is timed on the dense and the compact batch (the figures themselves come from the
+bench command on a quiet machine)."""
+
+import pytest
+
+from intraskill_jax.bench import model as model_bench
+from intraskill_jax.bench import rollout as bench
+from intraskill_jax.models import ModelConfig
+
+
+def test_both_engines_play_the_episodes_and_both_updates_are_timed(monkeypatch: pytest.MonkeyPatch):
+    micro = lambda: ModelConfig.tiny_qwen3_5(  # noqa: E731
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, layer_types=("linear_attention", "full_attention"),
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, tie_word_embeddings=True)
+    monkeypatch.setitem(model_bench.SIZES, "micro", (micro, None))
+    result = bench.run(episodes=2, turns=2, new_tokens=4, size="micro", rounds=1, update_repeats=1)
+    config = result["config"]
+    # Random weights never stop early: every episode plays its whole turn budget on both sides.
+    assert config["turns_played"] == 2 * 2
+    assert len(result["seconds_all"]) == len(result["seconds_all_ref"]) == 1
+    assert result["speedup"] == pytest.approx(result["episodes_per_s"] / result["episodes_per_s_ref"])
+    # The compact batch keeps the sampled targets only: at least the trained tokens, at most the row.
+    rows, length = result["update_batch"]
+    assert rows == 2 and result["update_trained_tokens"] <= rows * result["update_compact_targets"]
+    assert result["update_compact_targets"] < length
+    for name in ("update", "update_compact"):
+        assert result[f"{name}_tokens_per_s"] == pytest.approx(result["update_tokens"] / result[f"{name}_seconds"])
