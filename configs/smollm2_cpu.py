@@ -11,10 +11,10 @@ co-evolution rounds of GRPO with LoRA follow, each closed by the gate; the four 
 evaluated on the same test tasks, and the zero-shot model (no warm start) bare and with S0 beside
 them.
 
-A DRAFT (issue 27): the sizes below are first choices from probes under load, not yet measured on
-a quiet machine, and the whole run has not yet been timed; the README will give the stage times and
-why each choice was made once it has. Known so far: with the full S0 (701 tokens) 34 of 40 oracle
-episodes overran a 2,048-token context, hence 3,072.
+Not yet within its 90-minute target on two cores (issue 27): measured from a fresh clone, the warm
+start takes 17:42 and one GRPO step on 32 episodes ~30 minutes (its update of 32 rows padded to
+3,072 tokens under full remat most of it), so this config runs about 2.5 hours. docs/smollm2.md
+has the stage times and why each setting below was chosen.
 """
 
 import ml_collections
