@@ -114,7 +114,8 @@ class Coevolution:
         with provenance.stage(workdir, "warm start", enabled=config.warm_start.enabled):
             policy_path = warm_start(config.for_policy(base), workdir, base, world, progress=progress, mesh=mesh)
         # The warm start's programs and freed buffers go before the loop's model, sampler cache and
-        # update allocate theirs (on two cores and 24 GB, SmolLM2's run was killed there otherwise).
+        # update allocate theirs, not on top of them (SmolLM2's first timed run, before remat, was
+        # OOM-killed 20 s into the loop with 24 GB resident).
         gc.collect()
         jax.clear_caches()
         allocator.release_free_memory()
