@@ -24,6 +24,15 @@ os.environ["XLA_FLAGS"] = _flags.strip()
 
 import pytest  # noqa: E402  (after the environment above, which must precede jax)
 
+# Files that take one worker half an hour: collected first, so the other worker runs the rest of the
+# suite meanwhile instead of both waiting on them at the end (xdist's loadfile hands out files in
+# collection order).
+LONGEST_FIRST = ("tests/test_smollm2_run.py",)
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in LONGEST_FIRST)  # stable: the rest keep their order
+
 
 @pytest.fixture(scope="session")
 def smoke_reference(tmp_path_factory):
