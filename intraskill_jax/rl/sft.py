@@ -36,6 +36,7 @@ from intraskill_jax.rl.train_step import (
     init_train_state,
     make_optimizer,
     pad_rows,
+    scatter_targets,
     sft_step,
     train_batch,
 )
@@ -161,9 +162,9 @@ def run_sft(model: nnx.Module, trajectories: Sequence[Trajectory], config: SFTCo
 
 @nnx.jit
 def _masked_logprobs(model: nnx.Module, batch: TrainBatch) -> jax.Array:
-    """[B, K] log-probs of a compact batch's kept targets (0 where the loss mask is)."""
-    return token_logprobs(model, batch.input_ids, batch.targets, batch.attention_mask,
-                          target_positions=batch.target_positions) * batch.loss_mask
+    """[B, L] log-probs of a compact batch's trained targets at their positions (0 elsewhere)."""
+    return scatter_targets(token_logprobs(model, batch.input_ids, batch.targets, batch.attention_mask,
+                                          target_positions=batch.target_positions), batch)
 
 
 def reply_logprobs(model: nnx.Module, trajectories: Sequence[Trajectory], *, pad_id: int,
@@ -178,9 +179,7 @@ def reply_logprobs(model: nnx.Module, trajectories: Sequence[Trajectory], *, pad
         chunk = trajectories[start:start + batch_size]
         # Compact: the vocabulary projection runs on the replies' positions only.
         batch = pad_rows(train_batch(collate(chunk, pad_id), compact=True), batch_size)
-        kept = np.asarray(_masked_logprobs(model, jax.tree.map(np.asarray, batch)))
-        lp = np.zeros(batch.input_ids.shape, np.float32)
-        np.add.at(lp, (np.arange(len(lp))[:, None], batch.target_positions), kept)
+        lp = np.asarray(_masked_logprobs(model, jax.tree.map(np.asarray, batch)))
         for row, traj in zip(lp, chunk):
             sampled = np.asarray(traj.loss_mask, bool)
             edges = np.flatnonzero(np.diff(np.concatenate([[False], sampled, [False]]).astype(int)))

@@ -322,6 +322,14 @@ def compacted(batch: TrainBatch) -> TrainBatch:
     return batch._replace(**{name: take(getattr(batch, name)) for name in _PER_TARGET}, target_positions=positions)
 
 
+def scatter_targets(values: jax.Array, batch: TrainBatch) -> jax.Array:
+    """[B, K] values of a compact batch's kept targets back at their positions: [B, L], 0 at every
+    position that is not a trained target."""
+    rows = jnp.arange(values.shape[0])[:, None]
+    return jnp.zeros(batch.input_ids.shape, jnp.float32).at[rows, batch.target_positions].add(
+        jnp.where(batch.loss_mask > 0, values, 0.0))
+
+
 def pad_rows(batch: TrainBatch, multiple: int) -> TrainBatch:
     """Appends empty rows (loss mask 0) up to a multiple of `multiple` rows.
 
@@ -612,9 +620,7 @@ class LogprobFn:
         lp = jax.lax.map(one, _micro_batches(batch, num_micro))  # [n, rows, K or L]
         lp = lp.swapaxes(0, 1).reshape(batch.input_ids.shape[0], -1)
         if batch.target_positions is not None:  # back from the kept targets to their positions
-            rows = jnp.arange(lp.shape[0])[:, None]
-            lp = jnp.zeros(batch.input_ids.shape, jnp.float32).at[rows, batch.target_positions].add(
-                jnp.where(batch.loss_mask > 0, lp, 0.0))
+            lp = scatter_targets(lp, batch)
         # Prediction t scores token t + 1: shift right to token alignment.
         return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp[:, :-1]], axis=1)
 
