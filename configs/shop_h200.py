@@ -1,4 +1,4 @@
-"""The shop learned from scratch on one accelerator (sized for one H200, ~10 minutes of device time).
+"""The shop learned from scratch on one accelerator (sized for one H200, ~18 minutes of device time).
 
     intraskill quickstart --config=configs/shop_h200.py --workdir=runs/shop_h200
     python -m intraskill_jax.bench.learn_shop --json      # the same run, its headline as JSON
@@ -9,7 +9,9 @@ so partial RoPE rotates 16 dims) and a tokenizer trained on the simulator's text
 oracle demonstrations (~18M tokens, 3 epochs); two co-evolution rounds of 8 GRPO steps with the
 full S0 skill; the four conditions on 200 test tasks. Targets: the warm start succeeds on >= 10%
 of the test tasks, the trained policy on >= the warm start + 15 points with a paired 95% interval
-above zero. Not yet run on an accelerator (DEVELOPERS.md, the lent H200).
+above zero. Run once on the lent H200 (2026-12-04, docs/performance.md), cut at step 14 of 16:
+targets not met, the warm start does not learn to copy the request into its search (held-out
+agreement 0.002) and GRPO's success stays at 0-0.4%.
 
 The shop is the real one with two simplifications that keep the copying a from-scratch model
 must learn to what a few million tokens teach: products are clicked by their rank on the results
