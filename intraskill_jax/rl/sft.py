@@ -137,7 +137,7 @@ def run_sft(model: nnx.Module, trajectories: Sequence[Trajectory], config: SFTCo
     if checkpointer is not None and checkpointer.latest_step() is not None:
         state = checkpointer.restore(state).state
         log.info("SFT resumes at update %d of %d", int(state.step), total)
-    step = sft_step(graphdef, optimizer, config.optim, mesh=mesh, rules=rules)
+    step = sft_step(graphdef, optimizer, config.optim, mesh=mesh, rules=rules, length_multiple=config.length_multiple)
     done = int(state.step)
     history: list[dict[str, float]] = []
     bar = as_progress(progress).stage("sft", total, unit="update", initial=done)

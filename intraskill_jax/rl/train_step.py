@@ -10,7 +10,9 @@ Gradient accumulation is exact: the batch is cut into micro-batches, each micro-
 built with the denominators of the *whole* batch (token and sequence counts), so their sum is the
 global loss and the summed gradients are its gradient; metrics are carried as (sum, weight) pairs
 and divided once at the end. The micro-batch loop is a `lax.scan`, so one program serves any
-number of micro-batches of a given size.
+number of micro-batches of a given size. A batch of rows of mixed lengths (multi-turn episodes) is
+instead ordered by length and each micro-batch run at its own bucketed length (`length_groups`):
+the same sums, at the rows' cost rather than the longest row's.
 
 Sharding: parameters keep the layout they were created with (`models.sharding.create_sharded`),
 optimizer moments follow their parameter, batches are split over ('data', 'fsdp') along rows.
@@ -47,6 +49,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from intraskill_jax.agent.trajectory import bucket_length
 from intraskill_jax.models import lora as lora_lib
 from intraskill_jax.models import sharding as sharding_lib
 from intraskill_jax.models import token_logprobs
@@ -363,6 +366,51 @@ def _totals(batch: TrainBatch) -> Totals:
     return Totals(tokens=per_row.sum(), sequences=(per_row > 0).sum().astype(jnp.float32))
 
 
+def _totals_np(batch: TrainBatch) -> Totals:
+    """`_totals` on the host (NumPy float32)."""
+    per_row = np.asarray(batch.loss_mask, np.float32).sum(axis=1)
+    return Totals(tokens=per_row.sum(dtype=np.float32), sequences=np.float32((per_row > 0).sum()))
+
+
+def row_lengths(batch: TrainBatch) -> np.ndarray:
+    """Each row's length: one past its last attended position (rows are right-padded)."""
+    attended = np.asarray(batch.attention_mask) > 0
+    width = attended.shape[1]
+    return np.where(attended.any(axis=1), width - np.argmax(attended[:, ::-1], axis=1), 0)
+
+
+def length_groups(batch: TrainBatch, micro: int, multiple: int) -> list[TrainBatch] | None:
+    """A mixed-length batch's micro-batches, each cut to its own length; None where none is shorter.
+
+    Rows that train nothing (loss mask all zero: padding rows) are dropped; the rest are ordered
+    longest first and cut into micro-batches of `micro` rows (the last one padded with empty rows),
+    each truncated to `bucket_length` of its longest row (a few compiled lengths). Truncating a
+    right-padded row after its last token changes none of its log-probs (attention is causal), and
+    every sum the update takes is over rows, so the update is the padded batch's, at the cost of the
+    rows' own lengths instead of the longest one's: a GRPO batch of multi-turn episodes spans 2x in
+    length (SmolLM2 on the shop: 1,100-2,400 tokens, collated to 3,072).
+    """
+    width = np.shape(batch.input_ids)[1]
+    trained = np.asarray(batch.loss_mask).reshape(batch.num_rows, -1).any(axis=1)
+    lengths = row_lengths(batch)
+    rows = np.flatnonzero(trained)
+    rows = rows[np.argsort(-lengths[rows], kind="stable")]
+    chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
+    cut = [min(width, bucket_length(int(lengths[c].max()), multiple)) for c in chunks]
+    if len(chunks) < 2 or all(c == width for c in cut):
+        return None
+    dense = batch.target_positions is None
+
+    def take(name: str, x: Any, chunk: np.ndarray, length: int) -> Any:
+        if x is None:
+            return None
+        x = np.asarray(x)[chunk]
+        return x[:, :length] if name in ("input_ids", "attention_mask") or (dense and name in _PER_TARGET) else x
+
+    return [pad_rows(TrainBatch(*(take(name, x, chunk, length) for name, x in zip(TrainBatch._fields, batch))), micro)
+            for chunk, length in zip(chunks, cut)]
+
+
 def strided_order(rows: int, count: int) -> np.ndarray:
     """The row order under which `_micro_batches`' strided split yields contiguous blocks.
 
@@ -420,9 +468,11 @@ class UpdateStep:
 
     def __init__(self, graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, config: OptimConfig,
                  loss_fn: MicroLoss, *, mesh: Mesh | None = None,
-                 rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES, donate: bool = True):
+                 rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES, donate: bool = True,
+                 length_multiple: int = 128):
         self.graphdef = graphdef
         self.optimizer = optimizer
+        self.length_multiple = length_multiple
         self.config = config
         self.mesh = mesh
         self.rules = rules
@@ -431,25 +481,26 @@ class UpdateStep:
         self._donate = donate
         self._compiled: dict[Any, Callable[..., Any]] = {}
 
-    def _update(self, state: TrainState, batch: TrainBatch, *, num_micro: int,
-                params_sharding: Any) -> tuple[TrainState, dict[str, jax.Array]]:
-        totals = _totals(batch)
-        micro = _micro_batches(batch, num_micro)
-        graphdef, loss_fn = self.graphdef, self._loss_fn
+    # The update is three traced pieces: a zero carry (loss, gradient and metric sums), the
+    # accumulation of micro-batches into it, and the optimizer's step from it. `_update` fuses them
+    # into one program (a batch whose micro-batches all have its length); a batch of rows of mixed
+    # lengths runs each micro-batch at its own length instead (`length_groups`).
+
+    def _split(self, params: nnx.State) -> tuple[nnx.State, nnx.State]:
         # Only the trainable part is differentiated: the frozen rest (a LoRA model's base weights)
         # is an operand without a gradient.
-        trained, frozen = nnx.split_state(state.params, lora_lib.trainable(state.params), ...)
+        return nnx.split_state(params, lora_lib.trainable(params), ...)
 
-        def micro_loss(trained: nnx.State, frozen: nnx.State, mb: TrainBatch):
-            # jax.grad hands its non-differentiated arguments in as they are; remat'd layers cannot
-            # merge Variables made outside the traced function (flax's TraceContextError), so the
-            # frozen ones are made afresh here.
-            frozen = jax.tree.map(lambda x: x, frozen)
-            return loss_fn(nnx.merge(graphdef, trained, frozen), mb, totals)
+    def _micro_loss(self, trained: nnx.State, frozen: nnx.State, mb: TrainBatch, totals: Totals):
+        # jax.grad hands its non-differentiated arguments in as they are; remat'd layers cannot
+        # merge Variables made outside the traced function (flax's TraceContextError), so the
+        # frozen ones are made afresh here.
+        frozen = jax.tree.map(lambda x: x, frozen)
+        return self._loss_fn(nnx.merge(self.graphdef, trained, frozen), mb, totals)
 
-        grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-        first = jax.tree.map(lambda x: x[0], micro)
-        metric_shapes = jax.eval_shape(micro_loss, trained, frozen, first)[1]
+    def _zero_carry(self, params: nnx.State, mb: TrainBatch, totals: Totals, params_sharding: Any) -> Any:
+        trained, frozen = self._split(params)
+        metric_shapes = jax.eval_shape(self._micro_loss, trained, frozen, mb, totals)[1]
 
         def zeros_f32(x: Any) -> jax.Array:
             return jnp.zeros(jnp.shape(x), jnp.float32)
@@ -457,11 +508,16 @@ class UpdateStep:
         grads0 = jax.tree.map(zeros_f32, trained)
         if params_sharding is not None:
             grads0 = jax.lax.with_sharding_constraint(grads0, trainable_params(params_sharding))
-        carry0 = (jnp.zeros((), jnp.float32), grads0, jax.tree.map(zeros_f32, metric_shapes))
+        return jnp.zeros((), jnp.float32), grads0, jax.tree.map(zeros_f32, metric_shapes)
+
+    def _accumulate(self, carry: Any, params: nnx.State, micro: TrainBatch, totals: Totals) -> Any:
+        """`carry` plus the sums of the micro-batches `micro` ([count, rows, ...] leaves)."""
+        trained, frozen = self._split(params)
+        grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
 
         def accumulate(carry, mb):
             loss_sum, grad_sum, metric_sum = carry
-            (loss, metrics), grads = grad_fn(trained, frozen, mb)
+            (loss, metrics), grads = grad_fn(trained, frozen, mb, totals)
             grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
             metric_sum = jax.tree.map(lambda a, m: a + m.astype(jnp.float32), metric_sum, metrics)
             return loss_sum + loss, grad_sum, metric_sum
@@ -471,7 +527,11 @@ class UpdateStep:
             # so a batch padded to a fixed row count (one compiled shape) costs only its real rows.
             return jax.lax.cond(jnp.any(mb.loss_mask > 0), accumulate, lambda c, _: c, carry, mb), None
 
-        (loss, grads, metrics), _ = jax.lax.scan(body, carry0, micro)
+        return jax.lax.scan(body, carry, micro)[0]
+
+    def _apply(self, state: TrainState, carry: Any, totals: Totals) -> tuple[TrainState, dict[str, jax.Array]]:
+        loss, grads, metrics = carry
+        trained, frozen = self._split(state.params)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
         # Back to the parameters' dtype so the optimizer state keeps the dtype it was built with.
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trained)
@@ -482,19 +542,55 @@ class UpdateStep:
                    tokens=totals.tokens, sequences=totals.sequences)
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), out
 
-    def _compile(self, state: TrainState, num_micro: int) -> Callable[..., Any]:
+    def _update(self, state: TrainState, batch: TrainBatch, *, num_micro: int,
+                params_sharding: Any) -> tuple[TrainState, dict[str, jax.Array]]:
+        totals = _totals(batch)
+        micro = _micro_batches(batch, num_micro)
+        carry = self._zero_carry(state.params, jax.tree.map(lambda x: x[0], micro), totals, params_sharding)
+        return self._apply(state, self._accumulate(carry, state.params, micro, totals), totals)
+
+    def _shardings(self, state: TrainState) -> tuple[Any, Any, Any]:
         # The new state keeps the input layout: the next call then hits the same executable (a
         # drifted layout would recompile once more) and donation can reuse every buffer.
         state_sharding = jax.tree.map(lambda x: x.sharding, state)
         metrics_sharding = state_sharding.step if self.mesh is None else _replicated(self.mesh)
         params_sharding = None if self.mesh is None else state_sharding.params
+        return state_sharding, metrics_sharding, params_sharding
+
+    def _compile(self, state: TrainState, num_micro: int) -> Callable[..., Any]:
+        state_sharding, metrics_sharding, params_sharding = self._shardings(state)
         fn = functools.partial(self._update, num_micro=num_micro, params_sharding=params_sharding)
         return jax.jit(fn, out_shardings=(state_sharding, metrics_sharding),
                        donate_argnums=(0,) if self._donate else ())
 
+    def _grouped_programs(self, state: TrainState) -> tuple[Callable[..., Any], ...]:
+        """(zero carry, accumulate one micro-batch, optimizer step): the update of a mixed-length
+        batch, one micro-batch per call at its own length (compiled once per length)."""
+        if "grouped" not in self._compiled:
+            state_sharding, metrics_sharding, params_sharding = self._shardings(state)
+            zero = jax.jit(functools.partial(self._zero_carry, params_sharding=params_sharding))
+            accumulate = jax.jit(lambda carry, params, mb, totals: self._accumulate(
+                carry, params, jax.tree.map(lambda x: x[None], mb), totals), donate_argnums=(0,))
+            # The gradient sums are donated; the scalar ones could not be reused.
+            apply = jax.jit(lambda state, grads, sums, totals: self._apply(state, (sums[0], grads, sums[1]), totals),
+                            out_shardings=(state_sharding, metrics_sharding),
+                            donate_argnums=(0, 1) if self._donate else (1,))
+            self._compiled["grouped"] = (zero, accumulate, apply)
+        return self._compiled["grouped"]
+
     def __call__(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict[str, jax.Array]]:
-        rows = batch.num_rows
-        micro = self.config.micro_batch_size or rows
+        micro = self.config.micro_batch_size or batch.num_rows
+        groups = length_groups(batch, micro, self.length_multiple)
+        if groups is not None:
+            totals = Totals(*(jnp.asarray(x) for x in _totals_np(batch)))
+            zero, accumulate, apply = self._grouped_programs(state)
+            mbs = [_to_device(mb, self.mesh, self.rules) for mb in groups]
+            with _mesh_context(self.mesh, self.rules):
+                carry = zero(state.params, mbs[0], totals)
+                for mb in mbs:
+                    carry = accumulate(carry, state.params, mb, totals)
+                loss, grads, metrics = carry
+                return apply(state, grads, (loss, metrics), totals)
         batch = pad_rows(batch, micro)
         num_micro = batch.num_rows // micro
         order = strided_order(batch.num_rows, num_micro)
@@ -563,19 +659,23 @@ def sft_micro_loss(model: nnx.Module, mb: TrainBatch, totals: Totals) -> tuple[j
 
 def grpo_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, config: OptimConfig,
               loss_config: LossConfig, *, temperature: float = 1.0, mesh: Mesh | None = None,
-              rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES, donate: bool = True) -> UpdateStep:
-    """The GRPO update. Log-probs are scored at the rollout `temperature`, as the sampler did."""
+              rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES, donate: bool = True,
+              length_multiple: int = 128) -> UpdateStep:
+    """The GRPO update. Log-probs are scored at the rollout `temperature`, as the sampler did.
+    `length_multiple`: the grid of a mixed-length batch's micro-batch lengths (`length_groups`)."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (the rollout's sampling temperature), got {temperature}")
     loss_fn = functools.partial(grpo_micro_loss, loss_config=loss_config, temperature=temperature)
-    return UpdateStep(graphdef, optimizer, config, loss_fn, mesh=mesh, rules=rules, donate=donate)
+    return UpdateStep(graphdef, optimizer, config, loss_fn, mesh=mesh, rules=rules, donate=donate,
+                      length_multiple=length_multiple)
 
 
 def sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, config: OptimConfig, *,
              mesh: Mesh | None = None, rules: sharding_lib.LogicalRules = sharding_lib.DEFAULT_RULES,
-             donate: bool = True) -> UpdateStep:
+             donate: bool = True, length_multiple: int = 128) -> UpdateStep:
     """The supervised update (cross-entropy on loss-mask targets)."""
-    return UpdateStep(graphdef, optimizer, config, sft_micro_loss, mesh=mesh, rules=rules, donate=donate)
+    return UpdateStep(graphdef, optimizer, config, sft_micro_loss, mesh=mesh, rules=rules, donate=donate,
+                      length_multiple=length_multiple)
 
 
 # -- trainer-side log-probs --------------------------------------------------------------------

@@ -177,6 +177,67 @@ def test_sharded_update_matches_one_device(setup, mesh_config, micro):
         np.testing.assert_allclose(metrics[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
+def _mixed_lengths(rows: int = 8, length: int = 64):
+    """A GRPO batch whose rows span 4x in length (16-64 tokens), like a step's multi-turn episodes,
+    and padding rows after them (a learner pads to a fixed row count)."""
+    collated = _collated(rows=rows, length=length, seed=5)
+    lengths = np.linspace(16, length, rows).astype(int)[np.random.default_rng(5).permutation(rows)]
+    for b, n in enumerate(lengths):
+        collated["attention_mask"][b, :n] = 1
+        collated["attention_mask"][b, n:] = 0
+        collated["tokens"][b, n:] = 0
+        collated["loss_mask"][b, n:] = 0
+        collated["rollout_logprobs"][b, n:] = 0
+    rng = np.random.default_rng(6)
+    advantages = rng.normal(size=rows).astype(np.float32)
+    trained = collated["loss_mask"] > 0
+    old, ref = (np.where(trained, collated["rollout_logprobs"] + rng.normal(0, s, trained.shape), 0).astype(np.float32)
+                for s in (0.3, 0.1))
+    return ts.pad_rows(ts.train_batch(collated, advantages=advantages, old_logprobs=old, ref_logprobs=ref), 12), lengths
+
+
+def test_length_groups_cut_each_micro_batch_to_its_longest_row():
+    batch, lengths = _mixed_lengths()
+    groups = ts.length_groups(batch, 2, 16)
+    # The 4 padding rows are dropped; the 8 real rows go longest first, 2 per micro-batch.
+    assert len(groups) == 4 and all(g.num_rows == 2 for g in groups)
+    longest = np.sort(lengths)[::-1][::2]
+    assert [g.input_ids.shape[1] for g in groups] == [min(64, ts.bucket_length(n, 16)) for n in longest]
+    assert [g.input_ids.shape[1] for g in groups] == [64, 64, 48, 32]
+    assert sum(float(g.loss_mask.sum()) for g in groups) == float(batch.loss_mask.sum())
+    for g in groups:  # nothing attended is cut away
+        assert (ts.row_lengths(g) <= g.input_ids.shape[1]).all() and g.targets.shape == g.input_ids.shape
+    compact = ts.length_groups(ts.compacted(batch), 2, 16)
+    assert [g.input_ids.shape[1] for g in compact] == [64, 64, 48, 32]
+    assert all(g.targets.shape[1] == ts.compacted(batch).targets.shape[1] for g in compact)  # [B, K] kept
+    # One micro-batch, or every one at the full width: the fused single-program update.
+    assert ts.length_groups(batch, 12, 16) is None and ts.length_groups(batch, 2, 128) is None
+
+
+@pytest.mark.parametrize("compact,mesh_config", [(False, None), (True, None),
+                                                 (True, sharding.MeshConfig(data=2, fsdp=2, tensor=2))],
+                         ids=["dense", "compact", "compact-d2f2t2"])
+def test_micro_batches_at_their_own_lengths_give_the_padded_update(setup, compact, mesh_config):
+    """The length-ordered, length-cut micro-batches give the new parameters, optimizer state and
+    metrics of one pass over the padded batch (GRPO and SFT), on one device and on a mesh."""
+    batch, _ = _mixed_lengths()
+    batch = ts.compacted(batch) if compact else batch
+    tx = setup["tx"]
+    mesh = None if mesh_config is None else sharding.make_mesh(mesh_config)
+    graphdef, state = ts.init_train_state(_model(mesh=mesh), tx, mesh=mesh)
+    grouped_optim = dataclasses.replace(OPTIM, micro_batch_size=2)
+    for make in (lambda optim, **kw: ts.grpo_step(graphdef, tx, optim, LOSS, temperature=TEMPERATURE, **kw),
+                 lambda optim, **kw: ts.sft_step(graphdef, tx, optim, **kw)):
+        want_state, want = make(OPTIM, donate=False)(state, batch)
+        step = make(grouped_optim, donate=False, length_multiple=16, mesh=mesh)
+        got_state, got = step(state, batch)
+        assert "grouped" in step._compiled and len(step._compiled) == 1  # the fused program never ran
+        assert _max_diff(got_state.params, want_state.params) < 1e-6
+        assert _max_diff(got_state.opt_state, want_state.opt_state) < 1e-6
+        for name, value in _to_host(want).items():
+            np.testing.assert_allclose(_to_host(got)[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_remat_gives_the_same_update(setup):
     config = CONFIG.replace(remat="full")
     graphdef, state = ts.init_train_state(_model(config), setup["tx"])
