@@ -1,0 +1,120 @@
+"""The GRPO update on a batch of multi-turn episodes of mixed lengths: every micro-batch at the
+batch's collated length against each at its own (`rl.train_step.length_groups`).
+
+    python -m intraskill_jax.bench.update --json                  # SmolLM2-135M as configs/smollm2_cpu.py trains it
+
+The batch is what a GRPO step hands the learner: `rows` right-padded episodes whose lengths spread
+evenly over [`shortest`, `longest`] (SmolLM2's first step on the shop: ~1,100-2,400 tokens),
+collated to `bucket_length` of the longest, 15% of each row's tokens sampled (trained). The model
+and the update are the run's: LoRA, full remat, scanned layers, micro-batches of `micro` rows,
+random weights. Both sides run the same batch from the same state; the padded side is forced by
+a length grid coarser than the batch (`length_multiple` above its width). One warm-up call of
+each compiles it, then `rounds` alternating timed calls (order swapped each round); each side's
+best counts. The JSON carries every round, the tokens each side computes and the load averages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench.model: before OpenBLAS loads
+
+import jax
+import numpy as np
+from absl import flags
+from flax import nnx
+
+from sim import flagparse
+
+from intraskill_jax import allocator
+from intraskill_jax.agent.trajectory import bucket_length
+from intraskill_jax.bench import model as model_bench
+from intraskill_jax.models import ModelConfig, causal_lm_class
+from intraskill_jax.models import lora as lora_lib
+from intraskill_jax.models.lora import LoRAConfig
+from intraskill_jax.rl import train_step as ts
+from intraskill_jax.rl.grpo import LossConfig
+
+SIZES: dict[str, Callable[[], ModelConfig]] = {
+    "smollm2": lambda: ModelConfig.smollm2_135m(dtype="float32", param_dtype="float32", remat="full",
+                                                scan_layers=True, **model_bench.KERNELS["cpu"]),
+}
+
+
+def _batch(rows: int, shortest: int, longest: int, vocab: int, seed: int = 0) -> ts.TrainBatch:
+    rng = np.random.default_rng(seed)
+    lengths = np.linspace(longest, shortest, rows).astype(int)
+    width = bucket_length(int(lengths.max()))
+    tokens = np.zeros((rows, width), np.int32)
+    attention = np.zeros((rows, width), np.int32)
+    loss_mask = np.zeros((rows, width), np.float32)
+    for b, n in enumerate(lengths):
+        tokens[b, :n] = rng.integers(1, vocab, n)
+        attention[b, :n] = 1
+        loss_mask[b, :n] = rng.random(n) < 0.15
+    collated = {"tokens": tokens, "attention_mask": attention, "loss_mask": loss_mask,
+                "rollout_logprobs": np.where(loss_mask > 0, -1.0, 0.0).astype(np.float32)}
+    advantages = np.where(np.arange(rows) % 2 == 0, 1.0, -1.0)
+    return ts.train_batch(collated, advantages=advantages, compact=True)
+
+
+def run(size: str = "smollm2", *, rows: int = 4, shortest: int = 1100, longest: int = 2400, micro: int = 2,
+        rounds: int = 1) -> dict[str, Any]:
+    config = SIZES[size]()
+    optim = ts.OptimConfig(learning_rate=1e-6, micro_batch_size=micro)
+    tx = ts.make_optimizer(optim)
+    model = lora_lib.apply_lora(causal_lm_class(config)(config, rngs=nnx.Rngs(0)),
+                                LoRAConfig(enabled=True, rank=16, alpha=32.0))
+    graphdef, state = ts.init_train_state(model, tx)
+    batch = _batch(rows, shortest, longest, config.vocab_size)
+    width = batch.input_ids.shape[1]
+    steps = {side: ts.grpo_step(graphdef, tx, optim, LossConfig(), donate=False,
+                                length_multiple=multiple)
+             for side, multiple in (("padded", 2 * width), ("grouped", 128))}
+    groups = ts.length_groups(batch, micro, 128)
+    computed = {"padded": int(np.ceil(rows / micro) * micro * width),
+                "grouped": sum(g.input_ids.size for g in groups) if groups else None}
+    load_before = os.getloadavg()
+    times: dict[str, list[float]] = {side: [] for side in steps}
+    for i in range(rounds + 1):
+        for side in (list(steps) if i % 2 == 0 else list(steps)[::-1]):
+            start = time.perf_counter()
+            jax.block_until_ready(steps[side](state, batch))
+            if i:  # the first call of each compiles it
+                times[side].append(time.perf_counter() - start)
+    tokens = int(np.asarray(batch.attention_mask).sum())
+    best = {side: min(t) for side, t in times.items()}
+    return {"size": size, "rows": rows, "micro": micro, "width": width, "tokens": tokens,
+            "computed_tokens": computed, "seconds": best, "seconds_all": times,
+            "tokens_per_s": {side: tokens / s for side, s in best.items()},
+            "speedup_grouped": best["padded"] / best["grouped"],
+            "allocator": allocator.active(), "load_before": load_before, "load_after": os.getloadavg(),
+            "jax": jax.__version__, "device": jax.devices()[0].device_kind}
+
+
+def _define_flags(values: flags.FlagValues) -> None:
+    flags.DEFINE_bool("json", False, "print one JSON object", flag_values=values)
+    flags.DEFINE_enum("size", "smollm2", sorted(SIZES), "model", flag_values=values)
+    flags.DEFINE_integer("rows", 4, "episodes in the batch", flag_values=values)
+    flags.DEFINE_integer("shortest", 1100, "the shortest episode (tokens)", flag_values=values)
+    flags.DEFINE_integer("longest", 2400, "the longest episode (tokens)", flag_values=values)
+    flags.DEFINE_integer("micro", 2, "rows per micro-batch", flag_values=values)
+    flags.DEFINE_integer("rounds", 1, "alternating timed rounds (each side's best counts)", flag_values=values)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    if argv is None:  # run as a program: the allocator users get (intraskill_jax/allocator.py)
+        allocator.ensure()
+    values = flagparse.parse("python -m intraskill_jax.bench.update", __doc__, _define_flags, argv)
+    result = run(values.size, rows=values.rows, shortest=values.shortest, longest=values.longest,
+                 micro=values.micro, rounds=values.rounds)
+    print(json.dumps(result) if values.json else json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
