@@ -3,7 +3,9 @@
 Each session (an episode) owns one row of a shared `DecodeCache`. A request's token history is
 compared with what its row already holds, so a new turn pre-fills only the tokens it adds (the
 last sampled token and the observation). All rows advance in lockstep; rows without work in a call
-are fully masked, which leaves their DeltaNet, conv and KV state untouched. Each call's new tokens
+are fully masked, which leaves their DeltaNet, conv and KV state untouched. A call whose sessions
+fit half the rows or less runs on their rows alone, gathered into a smaller batch (halved down to a
+quarter of max_batch) and put back after, so idle rows cost nothing. Each call's new tokens
 are left-padded to a bucketed length and decode runs in one jitted `while_loop` of a bucketed
 number of steps, so jit compiles a handful of programs, not one per turn.
 
@@ -193,24 +195,38 @@ class JaxSampler:
             self._prefill_shared(prefix, shared)
             for i in shared:
                 new_tokens[i] = new_tokens[i][len(prefix):]
-        logits = self._prefill_rows(new_tokens)
-        active = np.zeros(self.config.max_batch, bool)
-        active[[self._rows[r.session].index for r in requests]] = True
+        # The turn runs on the requested rows alone where they fit a smaller row bucket: their cache
+        # rows are gathered, pre-filled and decoded at that batch, and put back (idle rows would
+        # otherwise cost as much as busy ones: a step's 16 episodes in a 32-row cache, the last
+        # episodes of an evaluation).
+        requested = sorted(self._rows[r.session].index for r in requests)
+        width = self._row_bucket(len(requested))
+        if width < self.config.max_batch:
+            busy = set(requested)
+            rows = requested + [i for i in range(self.config.max_batch) if i not in busy][: width - len(requested)]
+            cache = _take_rows(self._cache, jnp.asarray(rows, jnp.int32))
+        else:
+            rows, cache = list(range(self.config.max_batch)), self._cache
+        at = {row: k for k, row in enumerate(rows)}  # cache row -> position in this turn's batch
+        logits, cache = self._prefill_rows({at[i]: t for i, t in new_tokens.items()}, cache)
+        active = np.zeros(len(rows), bool)
+        active[[at[i] for i in requested]] = True
         self._key, key = jax.random.split(self._key)
         stop = jnp.asarray(list(params.stop_token_ids) or [-1], jnp.int32)
-        tokens, logprobs, counts, self._cache = decode(
-            self.graphdef, self.state, self._cache, logits, key, jnp.asarray(active), jnp.float32(params.temperature),
+        tokens, logprobs, counts, cache = decode(
+            self.graphdef, self.state, cache, logits, key, jnp.asarray(active), jnp.float32(params.temperature),
             jnp.float32(params.top_p), stop, jnp.int32(params.max_new_tokens), steps=steps, top_k=params.top_k)
+        self._cache = cache if width == self.config.max_batch else _put_rows(self._cache, jnp.asarray(rows), cache)
         tokens, logprobs, counts = np.asarray(tokens), np.asarray(logprobs), np.asarray(counts)
         stop_set = set(params.stop_token_ids)
         out = []
         for r in requests:
             row = self._rows[r.session]
-            n = int(counts[row.index])
-            ids = tokens[row.index, :n].tolist()
+            k = at[row.index]
+            ids = tokens[k, :int(counts[k])].tolist()
             row.cached = row.cached + ids[:-1]  # the last sampled token was not fed
             reason = "stop" if ids and ids[-1] in stop_set else "length"
-            out.append(Completion(ids, logprobs[row.index, :n].tolist(), reason, self.weight_version))
+            out.append(Completion(ids, logprobs[k, :len(ids)].tolist(), reason, self.weight_version))
         return out
 
     # -- internals -----------------------------------------------------------------------------
@@ -226,6 +242,14 @@ class JaxSampler:
         if n < self.config.prefill_buckets[0]:
             return [], []
         return histories[0][:n], rows
+
+    def _row_bucket(self, rows: int) -> int:
+        """The batch a turn of `rows` sessions runs at: max_batch, or max_batch halved while the
+        rows fit, down to a quarter of it (each width compiles its own programs)."""
+        width = self.config.max_batch
+        while width % 2 == 0 and width // 2 >= max(rows, self.config.max_batch // 4, 1):
+            width //= 2
+        return width
 
     def _cache_length(self, need: int) -> int:
         """The cache size for `need` slots: min_cache_length grown by cache_growth as often as needed."""
@@ -258,8 +282,10 @@ class JaxSampler:
                                           jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(targets))
         self.shared_prefix_tokens += len(prefix) * (len(rows) - 1)
 
-    def _prefill_rows(self, new_tokens: dict[int, list[int]]) -> jax.Array:
-        b = self.config.max_batch
+    def _prefill_rows(self, new_tokens: dict[int, list[int]], cache: DecodeCache) -> tuple[jax.Array, DecodeCache]:
+        """Pre-fills each row's `new_tokens` into `cache` (its rows: this turn's batch); the last
+        token's logits per row (zeros for rows without new tokens) and the cache."""
+        b = cache.key_valid.shape[0]
         pending = {i: list(t) for i, t in new_tokens.items()}
         logits = jnp.zeros((b, self.model_config.vocab_size), jnp.float32)
         big = self.config.prefill_buckets[-1]
@@ -271,12 +297,12 @@ class JaxSampler:
                 piece = toks[:width]
                 ids[i, width - len(piece):] = piece  # left padding: the last column is the newest token
                 mask[i, width - len(piece):] = True
-            step_logits, self._cache = prefill(self.graphdef, self.state, self._cache, jnp.asarray(ids), jnp.asarray(mask))
+            step_logits, cache = prefill(self.graphdef, self.state, cache, jnp.asarray(ids), jnp.asarray(mask))
             got = np.zeros(b, bool)
             got[list(pending)] = True
             logits = jnp.where(jnp.asarray(got)[:, None], step_logits, logits)
             pending = {i: t[width:] for i, t in pending.items() if len(t) > width}
-        return logits
+        return logits, cache
 
 
 def for_sampling(model: nnx.Module, weight_dtype: str | None = None) -> nnx.Module:
@@ -315,6 +341,18 @@ def _map_rows(fn, cache: DecodeCache, *others: DecodeCache) -> DecodeCache:
     return DecodeCache(layers=layers, key_valid=fn(cache.key_valid, *(o.key_valid for o in others)),
                        length=fn(cache.length, *(o.length for o in others)),
                        next_position=fn(cache.next_position, *(o.next_position for o in others)))
+
+
+@jax.jit
+def _take_rows(cache: DecodeCache, rows: jax.Array) -> DecodeCache:
+    """The cache of `rows` [K] alone (a K-row cache)."""
+    return _map_rows(lambda x: x[rows], cache)
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _put_rows(cache: DecodeCache, rows: jax.Array, sub: DecodeCache) -> DecodeCache:
+    """`cache` with rows `rows` [K] replaced by the K-row cache `sub` (`_take_rows`' inverse)."""
+    return _map_rows(lambda x, y: x.at[rows].set(y), cache, sub)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))

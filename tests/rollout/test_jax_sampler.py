@@ -246,3 +246,24 @@ def test_sessions_beyond_max_batch_and_release(model):
         sampler.generate([GenerateRequest("e", [14])], params)
     sampler.release("a")
     assert sampler.generate([GenerateRequest("e", [14])], params)[0].token_ids == greedy_reference(model, [14], 2, stop=-1)
+
+
+def test_a_turn_of_few_sessions_runs_on_their_rows_alone(model, monkeypatch):
+    """Turns of 3 or 1 of 5 live sessions in an 8-row cache run at batch 4 and 2 on the gathered
+    rows (an idle live row fills the spare place and must come back untouched); every session's
+    completions stay the uncached reference's."""
+    import intraskill_jax.rollout.jax_sampler as js
+
+    widths = []
+    take = js._take_rows
+    monkeypatch.setattr(js, "_take_rows", lambda cache, rows: widths.append(len(rows)) or take(cache, rows))
+    sampler = JaxSampler(model, small(max_batch=8))
+    assert [sampler._row_bucket(n) for n in (1, 2, 3, 4, 5, 8)] == [2, 2, 4, 4, 8, 8]
+    params = SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(STOP,))
+    history = dict(zip("ABCDE", prompts(7, 5)))
+    for turn, sessions in enumerate(["ABCDE", "ECA", "D", "ABCDE"]):
+        got = sampler.generate([GenerateRequest(s, history[s]) for s in sessions], params)
+        for s, c in zip(sessions, got, strict=True):
+            assert c.token_ids == greedy_reference(model, history[s], 6), (turn, s)
+            history[s] = history[s] + c.token_ids + [60 + turn, 61]
+    assert widths == [4, 2]
