@@ -571,10 +571,9 @@ class UpdateStep:
             zero = jax.jit(functools.partial(self._zero_carry, params_sharding=params_sharding))
             accumulate = jax.jit(lambda carry, params, mb, totals: self._accumulate(
                 carry, params, jax.tree.map(lambda x: x[None], mb), totals), donate_argnums=(0,))
-            # The gradient sums are donated; the scalar ones could not be reused.
-            apply = jax.jit(lambda state, grads, sums, totals: self._apply(state, (sums[0], grads, sums[1]), totals),
-                            out_shardings=(state_sharding, metrics_sharding),
-                            donate_argnums=(0, 1) if self._donate else (1,))
+            # The new state reuses the old one's buffers; the gradient sums have none to fill.
+            apply = jax.jit(self._apply, out_shardings=(state_sharding, metrics_sharding),
+                            donate_argnums=(0,) if self._donate else ())
             self._compiled["grouped"] = (zero, accumulate, apply)
         return self._compiled["grouped"]
 
@@ -589,8 +588,7 @@ class UpdateStep:
                 carry = zero(state.params, mbs[0], totals)
                 for mb in mbs:
                     carry = accumulate(carry, state.params, mb, totals)
-                loss, grads, metrics = carry
-                return apply(state, grads, (loss, metrics), totals)
+                return apply(state, carry, totals)
         batch = pad_rows(batch, micro)
         num_micro = batch.num_rows // micro
         order = strided_order(batch.num_rows, num_micro)

@@ -12,6 +12,8 @@ number of steps, so jit compiles a handful of programs, not one per turn.
 New sessions whose prompts share a prefix (the system prompt and tools of every episode; the whole
 prompt of GRPO siblings) pre-fill it once, in one row at batch 1, and copy that row's state to the
 others; each then pre-fills only its own remainder (`shared_prefix_tokens` counts the tokens saved).
+The last such prefix's state is kept, so a session that starts later on it (continuous batching:
+an evaluation's next task under the same system prompt and skill) copies it in too.
 
 Each row writes only its own real tokens at its own next slots (padding and idle rows cost none),
 so the cache needs as many slots as the longest live session. Attention reads every slot (with the
@@ -107,9 +109,8 @@ class JaxSampler:
         self.weight_version = weight_version
         self.shared_prefix_tokens = 0
         self._rows: dict[str, _Row] = {}
-        self._free = list(range(self.config.max_batch))
         self._key = jax.random.key(self.config.seed)
-        self._cache = self._empty_cache(1)
+        self.flush()
 
     @property
     def cache_length(self) -> int:
@@ -139,6 +140,7 @@ class JaxSampler:
         self._key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed), seed), step)
 
     def flush(self) -> None:
+        self._prefix = None  # (tokens, a one-row cache holding their state): see _prefill_shared
         self._rows.clear()
         self._free = list(range(self.config.max_batch))  # rows handed out in order again: replayable
         self._cache = self._empty_cache(1)
@@ -184,17 +186,25 @@ class JaxSampler:
                 new_tokens[row.index] = ids
             row.cached = ids
         prefix, shared = self._shared_prefix(new_tokens, fresh)
+        starting = list(fresh)
         if not {row.index for row in self._rows.values()} - set(fresh):
             # Nothing in the cache is worth keeping: start over with the shortest cache that fits.
             self._cache, fresh = self._empty_cache(need), []
         elif need > self._cache.max_length:
-            self._cache = _grown(self._cache, self._cache_length(need))
+            self._cache = _resized(self._cache, self._cache_length(need))
         if fresh:
             self._reset_rows(fresh)
         if prefix:
             self._prefill_shared(prefix, shared)
             for i in shared:
                 new_tokens[i] = new_tokens[i][len(prefix):]
+        if self._prefix is not None:  # sessions starting alone on the prefix an earlier call pre-filled
+            known, n = self._prefix[0], len(self._prefix[0])
+            reuse = [i for i in starting if i not in shared and len(new_tokens[i]) > n and new_tokens[i][:n] == known]
+            if reuse:
+                self._restore_prefix(reuse)
+                for i in reuse:
+                    new_tokens[i] = new_tokens[i][n:]
         # The turn runs on the requested rows alone where they fit a smaller row bucket: their cache
         # rows are gathered, pre-filled and decoded at that batch, and put back (idle rows would
         # otherwise cost as much as busy ones: a step's 16 episodes in a 32-row cache, the last
@@ -281,6 +291,20 @@ class JaxSampler:
             self._cache = _prefill_shared(self.graphdef, self.state, self._cache, jnp.int32(rows[0]),
                                           jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(targets))
         self.shared_prefix_tokens += len(prefix) * (len(rows) - 1)
+        # Kept for sessions that start later on the same prefix (an evaluation's next tasks under
+        # the same system prompt and skill): one row's state, copied in instead of pre-filled again.
+        self._prefix = (list(prefix), _take_rows(self._cache, jnp.asarray([rows[0]], jnp.int32)))
+
+    def _restore_prefix(self, rows: list[int]) -> None:
+        """Puts the kept prefix's state into the (empty) rows `rows`."""
+        known, state = self._prefix
+        if state.max_length != self._cache.max_length:  # the cache grew or started over since
+            state = _resized(state, self._cache.max_length)
+            self._prefix = (known, state)
+        targets = np.zeros(self.config.max_batch, bool)
+        targets[rows] = True
+        self._cache = _put_where(self._cache, state, jnp.asarray(targets))
+        self.shared_prefix_tokens += len(known) * len(rows)
 
     def _prefill_rows(self, new_tokens: dict[int, list[int]], cache: DecodeCache) -> tuple[jax.Array, DecodeCache]:
         """Pre-fills each row's `new_tokens` into `cache` (its rows: this turn's batch); the last
@@ -361,11 +385,18 @@ def _prefill_shared(graphdef, state, cache: DecodeCache, source, ids, mask, rows
     model = nnx.merge(graphdef, state)
     one = _map_rows(lambda x: jax.lax.dynamic_slice_in_dim(x, source, 1, axis=0), cache)
     _, one = model.hidden_states(ids, mask, cache=one)
+    return _copy_into(cache, one, rows)
 
+
+def _copy_into(cache: DecodeCache, one: DecodeCache, rows: jax.Array) -> DecodeCache:
+    """`cache` with the one-row cache `one` copied into every row where `rows` [B] is set."""
     def put(old, new):
         return jnp.where(rows.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
 
     return _map_rows(put, cache, one)
+
+
+_put_where = jax.jit(_copy_into, donate_argnums=(0,))
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k"), donate_argnums=(2,))
@@ -400,11 +431,14 @@ def decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature
     return tokens, lps, counts, cache
 
 
-def _grown(cache: DecodeCache, length: int) -> DecodeCache:
-    """`cache` with `length` slots: the new slots are empty (invalid keys, zero K/V)."""
+def _resized(cache: DecodeCache, length: int) -> DecodeCache:
+    """`cache` with `length` slots: new slots are empty (invalid keys, zero K/V); fewer slots cut the
+    last ones (the caller knows no row holds a token there)."""
     extra = length - cache.max_length
 
     def pad(x: jax.Array, axis: int) -> jax.Array:
+        if extra < 0:
+            return jax.lax.slice_in_dim(x, 0, length, axis=axis)
         return jnp.pad(x, [(0, extra) if i == axis else (0, 0) for i in range(x.ndim)])
 
     layers = tuple(AttentionCache(key=pad(layer.key, 2), value=pad(layer.value, 2))

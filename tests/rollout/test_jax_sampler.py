@@ -267,3 +267,33 @@ def test_a_turn_of_few_sessions_runs_on_their_rows_alone(model, monkeypatch):
             assert c.token_ids == greedy_reference(model, history[s], 6), (turn, s)
             history[s] = history[s] + c.token_ids + [60 + turn, 61]
     assert widths == [4, 2]
+
+
+def test_a_session_starting_later_on_a_kept_prefix_copies_its_state(model):
+    """Three sessions start together on a common prefix (pre-filled once and kept); sessions that
+    start alone later on it copy its state in, also after the cache restarted at another length; one
+    starting elsewhere pre-fills everything. Every completion stays the uncached reference's."""
+    sampler = JaxSampler(model, small(min_cache_length=64))
+    common = prompts(8, 1, 24, 25)[0]
+    params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
+
+    def turn(session, ids):
+        c = sampler.generate([GenerateRequest(session, ids)], params)[0]
+        assert c.token_ids == greedy_reference(model, ids, 8), session
+
+    got = sampler.generate([GenerateRequest(s, common + [30 + k]) for k, s in enumerate("ABC")], params)
+    for k, c in enumerate(got):
+        assert c.token_ids == greedy_reference(model, common + [30 + k], 8)
+    assert sampler.shared_prefix_tokens == 24 * 2
+    sampler.release("A")
+    turn("D", common + [40, 41])  # alone, on the kept prefix
+    assert sampler.shared_prefix_tokens == 24 * 3
+    turn("E", prompts(9, 1, 30, 31)[0])  # elsewhere: nothing copied
+    assert sampler.shared_prefix_tokens == 24 * 3
+    for s in "BCDE":
+        sampler.release(s)
+    turn("F", common + [50] * 100)  # a fresh cache, longer than the one the prefix was kept at
+    assert sampler.cache_length == 160 and sampler.shared_prefix_tokens == 24 * 4
+    sampler.release("F")
+    turn("G", common + [60])  # and a shorter one again: the kept state is cut to it
+    assert sampler.cache_length == 64 and sampler.shared_prefix_tokens == 24 * 5
