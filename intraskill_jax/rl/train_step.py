@@ -366,12 +366,6 @@ def _totals(batch: TrainBatch) -> Totals:
     return Totals(tokens=per_row.sum(), sequences=(per_row > 0).sum().astype(jnp.float32))
 
 
-def _totals_np(batch: TrainBatch) -> Totals:
-    """`_totals` on the host (NumPy float32)."""
-    per_row = np.asarray(batch.loss_mask, np.float32).sum(axis=1)
-    return Totals(tokens=per_row.sum(dtype=np.float32), sequences=np.float32((per_row > 0).sum()))
-
-
 def row_lengths(batch: TrainBatch) -> np.ndarray:
     """Each row's length: one past its last attended position (rows are right-padded)."""
     attended = np.asarray(batch.attention_mask) > 0
@@ -581,7 +575,7 @@ class UpdateStep:
         micro = self.config.micro_batch_size or batch.num_rows
         groups = length_groups(batch, micro, self.length_multiple)
         if groups is not None:
-            totals = Totals(*(jnp.asarray(x) for x in _totals_np(batch)))
+            totals = jax.tree.map(jnp.asarray, _totals(batch))  # the whole batch's, on the host
             zero, accumulate, apply = self._grouped_programs(state)
             mbs = [_to_device(mb, self.mesh, self.rules) for mb in groups]
             with _mesh_context(self.mesh, self.rules):
