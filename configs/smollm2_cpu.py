@@ -11,10 +11,11 @@ co-evolution rounds of GRPO with LoRA follow, each closed by the gate; the four 
 evaluated on the same test tasks, and the zero-shot model (no warm start) bare and with S0 beside
 them.
 
-Not yet within its 90-minute target on two cores (issue 27): measured from a fresh clone, the warm
-start takes 17:42 and one GRPO step on 32 episodes ~30 minutes (its update of 32 rows padded to
-3,072 tokens under full remat most of it), so this config runs about 2.5 hours. docs/smollm2.md
-has the stage times and why each setting below was chosen.
+Not yet within its 90-minute target on two cores (issue 27): the warm start takes 17:42, the two
+GRPO steps and gates 48 minutes (the first update, 24 rows under full remat, 16 of them), the six
+conditions ~40 on 100 test tasks. Its first whole run took the warm start from 0 to 3 of 60 test
+tasks solved (bare). docs/smollm2.md has the stage times, the results and why each setting below
+was chosen.
 """
 
 import ml_collections
