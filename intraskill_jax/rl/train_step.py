@@ -385,7 +385,7 @@ def length_groups(batch: TrainBatch, micro: int, multiple: int) -> list[TrainBat
     length (SmolLM2 on the shop: 1,100-2,400 tokens, collated to 3,072).
     """
     width = np.shape(batch.input_ids)[1]
-    trained = np.asarray(batch.loss_mask).reshape(batch.num_rows, -1).any(axis=1)
+    trained = np.asarray(batch.loss_mask).any(axis=1)
     lengths = row_lengths(batch)
     rows = np.flatnonzero(trained)
     rows = rows[np.argsort(-lengths[rows], kind="stable")]
