@@ -31,3 +31,28 @@ def test_splits_are_fixed_disjoint_and_cover_every_task(default_world):
     assert len(np.unique(all_ids)) == len(all_ids) == len(default_world.catalog.tasks)
     with pytest.raises(KeyError, match="unknown split"):
         s["dev"]
+
+
+def test_oracle_searches_so_its_first_result_is_the_one_it_opens(default_world):
+    """The oracle's click must be explainable from the page: with the request's option values in its
+    search, the first result offers them; a search of type and attributes alone leaves the product
+    that satisfies the task further down, told apart from rank 1 only by options the page hides."""
+    import dataclasses
+
+    env = ShopEnv(default_world, dataclasses.replace(default_world.config.env, result_labels="rank", page_size=5))
+    first = {"oracle": 0, "without options": 0}
+    tasks = [int(t) for t in default_world.splits.test[:100]]
+    for task_id in tasks:
+        env.reset(task_id)
+        oracle = OraclePolicy()
+        oracle.reset(env, "")
+        search = oracle.act(env, "")
+        assert all(v in search for v in env.task.options.values())
+        plain = "search[" + " ".join((env.task.product_type, *env.task.attributes)) + "]"
+        for name, query in (("oracle", search), ("without options", plain)):
+            env.reset(task_id)
+            oracle.reset(env, "")
+            env.step(query)
+            first[name] += oracle.act(env, "") == "click[1]"
+    assert first["oracle"] >= 0.7 * len(tasks)
+    assert first["oracle"] - first["without options"] >= 0.3 * len(tasks)
