@@ -64,17 +64,30 @@ def _uniform(*key: object) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+def _search(env: ShopEnv) -> str:
+    """The script's search: type and attributes. Not the simulator oracle's, which also names the
+    options: the script's records (and so every gate action the analysis tests look for) stay
+    the script's own when the oracle's demonstrations change."""
+    return "search[" + " ".join((env.task.product_type, *env.task.attributes)) + "]"
+
+
+class _Oracle(OraclePolicy):
+    """The simulator's oracle after the script's search."""
+
+    def act(self, env: ShopEnv, observation: str) -> str:
+        return _search(env) if env.page.kind == "start" else super().act(env, observation)
+
+
 class _FirstResult:
-    """Searches as the oracle does, opens the first result and buys it as it is."""
+    """Searches, opens the first result and buys it as it is."""
 
     def reset(self, env: ShopEnv, observation: str) -> None:
-        self._search = OraclePolicy()
-        self._search.reset(env, observation)
+        pass
 
     def act(self, env: ShopEnv, observation: str) -> str:
         page = env.page
         if page.kind == "start":
-            return self._search.act(env, observation)
+            return _search(env)
         if page.kind == "results":
             return f"click[{env.result_button(page.results[0])}]" if page.results else "click[back to search]"
         return "click[buy now]"
@@ -97,7 +110,7 @@ class SkillfulScript(ScriptedEngine):
         self._tokenizer, self._world, self._group_size = tokenizer, world, group_size
         self._tasks = {t.instruction: i for i, t in enumerate(world.catalog.tasks)}
         self._initial = {c.en: CHUNK_EFFECTS.get(c.id, 0.0) for c in initial.chunks}
-        self._episodes: dict[str, tuple[ShopEnv, _FirstResult | OraclePolicy]] = {}
+        self._episodes: dict[str, tuple[ShopEnv, _FirstResult | _Oracle]] = {}
         super().__init__(lambda text: tokenizer.encode(text, add_special_tokens=False), self._reply,
                          tokenizer.convert_tokens_to_ids(IM_END))
 
@@ -109,7 +122,7 @@ class SkillfulScript(ScriptedEngine):
             chance += EDIT_EFFECT * (line not in self._initial)
         return chance
 
-    def _start(self, session: str, ids: Sequence[int]) -> tuple[ShopEnv, _FirstResult | OraclePolicy]:
+    def _start(self, session: str, ids: Sequence[int]) -> tuple[ShopEnv, _FirstResult | _Oracle]:
         prompt = self._tokenizer.decode(ids)
         task = self._tasks[_INSTRUCTION.search(prompt).group(1)]
         # An episode's luck is its own, except that the siblings of a group (episodes g*G .. g*G+G-1
@@ -120,7 +133,7 @@ class SkillfulScript(ScriptedEngine):
         luck = (_uniform("episode", session) if self.weight_version == 0
                 else _uniform("group", batch, int(index) // self._group_size, self.weight_version))
         if (_uniform("task", task) + luck) / 2 < self._chance(prompt):
-            player = OraclePolicy()
+            player = _Oracle()
         else:
             player = _Pager() if _uniform("pager", task) < PAGERS else _FirstResult()
         env = ShopEnv(self._world)
