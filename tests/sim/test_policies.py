@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -37,8 +39,6 @@ def test_oracle_searches_so_its_first_result_is_the_one_it_opens(default_world):
     """The oracle's click must be explainable from the page: with the request's option values in its
     search, the first result offers them; a search of type and attributes alone leaves the product
     that satisfies the task further down, told apart from rank 1 only by options the page hides."""
-    import dataclasses
-
     env = ShopEnv(default_world, dataclasses.replace(default_world.config.env, result_labels="rank", page_size=5))
     first = {"oracle": 0, "without options": 0}
     tasks = [int(t) for t in default_world.splits.test[:100]]
