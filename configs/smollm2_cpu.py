@@ -61,10 +61,10 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.sampler.max_batch = 32
     c.rollout.sampler.max_length = 3584
     c.rollout.sampler.prefill_buckets = (32, 64, 128, 256, 512, 1024)
-    c.rollout.sampler.decode_buckets = (48,)
+    c.rollout.sampler.decode_buckets = (64,)
     c.rollout.sampler.weight_dtype = "bfloat16"
-    c.rollout.sampling.temperature = 0.7
-    c.rollout.sampling.max_new_tokens = 48
+    c.rollout.sampling.temperature = 1.0
+    c.rollout.sampling.max_new_tokens = 64
     c.warm_start.enabled = True
     c.warm_start.num_demos = 48
     c.warm_start.heldout_demos = 8
@@ -78,10 +78,10 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.warm_start.sft.lora.alpha = 32.0
     c.train.rounds = 2
     c.train.gate_every = 2
-    c.train.groups_per_step = 2
-    c.train.group_size = 8
+    c.train.groups_per_step = 8
+    c.train.group_size = 4
     c.train.checkpoint_every = 1
-    c.train.optim.learning_rate = 3e-4
+    c.train.optim.learning_rate = 1e-4
     c.train.optim.micro_batch_size = 2
     c.train.lora.enabled = True
     c.train.lora.rank = 16
@@ -96,7 +96,7 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.eval.conditions = ("base_bare", "base_skill", "trained_bare", "trained_skill", "pretrained_bare",
                          "pretrained_skill")
     c.eval.sampling.temperature = 0.7
-    c.eval.sampling.max_new_tokens = 48
+    c.eval.sampling.max_new_tokens = 64
     if preset == "short":
         c.update_from_flattened_dict(SHORT)
         c.name = "smollm2-cpu-short"
