@@ -61,7 +61,8 @@ class PolicyConfig:
         tokens) or 'compact' (one line of tool signatures and the call format, ~40 tokens). A
         checkpoint from `path` always brings its own template.
       dtype: compute dtype; 'auto' is float32 on CPU and bfloat16 on GPU/TPU.
-      remat: activation checkpointing of the decoder layers ('none', 'full').
+      remat: activation checkpointing of the decoder layers ('none', 'full', 'minimal',
+        'dots_saveable'; `ModelConfig.remat`).
       scan_layers: run the layers as one `lax.scan` over repeats of the layer pattern in the
         trainer's programs (`ModelConfig.scan_layers`): compiles one period instead of every
         layer; the parameters and checkpoints are the same either way.

@@ -22,11 +22,11 @@ import jax.numpy as jnp
 
 LayerType = Literal["linear_attention", "full_attention"]
 DType = Literal["float32", "bfloat16"]
-RematPolicy = Literal["none", "full", "dots_saveable"]
+RematPolicy = Literal["none", "full", "minimal", "dots_saveable"]
 
 _LAYER_TYPES = ("linear_attention", "full_attention")
 _DTYPES = ("float32", "bfloat16")
-_REMAT = ("none", "full", "dots_saveable")
+_REMAT = ("none", "full", "minimal", "dots_saveable")
 # The Gated DeltaNet sizes, required once a layer is 'linear_attention'.
 LINEAR_ATTENTION_FIELDS = (
     "linear_num_key_heads",
@@ -118,8 +118,11 @@ class ModelConfig:
       pad_token_id, eos_token_ids: token ids the sampler needs (all EOS ids seen in the config).
       dtype: compute dtype (activations and matmul inputs).
       param_dtype: storage dtype of parameters.
-      remat: per-decoder-layer rematerialization: 'none', 'full' (save only layer inputs) or
-        'dots_saveable' (keep matmul outputs, recompute elementwise work); scanned layers too.
+      remat: per-decoder-layer rematerialization: 'none', 'full' (save only layer inputs),
+        'minimal' (MaxText's name: keep the weight products' outputs, recompute attention's
+        batched products and the elementwise work, so the backward never holds a layer's
+        attention scores) or 'dots_saveable' (keep every matmul output, attention scores
+        included); scanned layers too.
       scan_layers: without a decode cache (training, log-prob passes) run the layers as one
         `lax.scan` over repeats of the layer pattern's period (`layer_period`), so a jitted
         program traces and compiles one period instead of every layer; the parameters stay one

@@ -72,6 +72,7 @@ class Architecture:
 
 _REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "dots_saveable": jax.checkpoint_policies.dots_saveable,
 }
 

@@ -131,3 +131,54 @@ def test_stacked_parameters_keep_their_sharding():
         hlo = jax.jit(jax.grad(loss)).lower(state).compile().as_text()
     stacked = set(re.findall(r"f32\[2,(?:96,16|16,96|96,64|64,96)\]", hlo))
     assert stacked == {"f32[2,96,16]", "f32[2,16,96]"}  # up/gate_proj [mlp, embed], down_proj [embed, mlp]
+
+
+def _saved_residual_shapes(model: nnx.Module, ids: jax.Array, capsys) -> list[tuple[int, ...]]:
+    """Shapes of what the backward pass of `model`'s loss keeps from its forward (parameters aside)."""
+    from jax.ad_checkpoint import print_saved_residuals
+
+    graphdef, state = nnx.split(model)
+
+    def loss(state):
+        return jnp.mean(jax.nn.logsumexp(nnx.merge(graphdef, state)(ids), axis=-1))
+
+    capsys.readouterr()
+    print_saved_residuals(loss, state)
+    shapes = []
+    for line in capsys.readouterr().out.splitlines():
+        if "from the argument" in line:
+            continue
+        dims = re.match(r"\w+\[([\d,]*)\]", line)
+        shapes.append(tuple(int(d) for d in dims.group(1).split(",") if d) if dims else ())
+    return shapes
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_minimal_remat_keeps_the_projections_and_recomputes_attention_scores(capsys, scan):
+    """remat='minimal' keeps every weight product's output (the SwiGLU's [b, T, intermediate] ones)
+    and no [.., T, .., T] attention score, where 'dots_saveable' keeps the scores and 'full' keeps
+    neither; the gradients stay those of the model without remat."""
+    config = ModelConfig.tiny_llama(num_hidden_layers=2, initializer_range=0.1, scan_layers=scan)
+    length = 13  # no other dimension of the tiny model is 13
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, size=(2, length)))
+    models = {remat: causal_lm_class(config)(config.replace(remat=remat), rngs=nnx.Rngs(0))
+              for remat in ("none", "full", "minimal", "dots_saveable")}
+
+    def scores(shapes):
+        return [s for s in shapes if s.count(length) >= 2]
+
+    def mlp(shapes):
+        return [s for s in shapes if s[-1:] == (config.intermediate_size,) and length in s]
+
+    saved = {remat: _saved_residual_shapes(m, ids, capsys) for remat, m in models.items()}
+    assert scores(saved["none"]) and scores(saved["dots_saveable"])
+    assert not scores(saved["minimal"]) and not scores(saved["full"])
+    assert mlp(saved["minimal"]) and not mlp(saved["full"])
+
+    def loss(m):
+        return jnp.mean(jax.nn.logsumexp(m(ids), axis=-1))
+
+    expected = jax.tree.leaves(nnx.jit(nnx.grad(loss))(models["none"]))
+    got = jax.tree.leaves(nnx.jit(nnx.grad(loss))(models["minimal"]))
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

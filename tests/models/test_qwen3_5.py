@@ -154,7 +154,7 @@ def test_bfloat16_compute_tracks_float32(small_model):
     assert cache.layers[0].recurrent_state.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("remat", ["full"])
+@pytest.mark.parametrize("remat", ["full", "minimal", "dots_saveable"])
 def test_remat_policy_keeps_gradients(small_model, remat):
     ids = jnp.asarray(np.random.default_rng(3).integers(0, SMALL.vocab_size, size=(2, 12)))
     state = nnx.state(small_model)
