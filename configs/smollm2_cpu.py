@@ -11,11 +11,13 @@ co-evolution rounds of GRPO with LoRA follow, each closed by the gate; the four 
 evaluated on the same test tasks, and the zero-shot model (no warm start) bare and with S0 beside
 them.
 
-From a fresh clone on two cores (2026-12-04, 7a3090b) it took 1:37:51, 8 minutes over its 90-minute
-target (warm start 12:43, four GRPO steps and two gates 44:44, six conditions on 100 test tasks
-39:02). The warm start solved 40 of 100 test tasks bare; the four GRPO steps at this learning rate
-took it down to 18 (the next setting to measure); the zero-shot model solved none, with or without
-S0. docs/smollm2.md has the stage times, the results and why each setting below was chosen.
+From a fresh clone on two cores (2026-12-04, 7a3090b, GRPO then 2 groups x 8 at lr 3e-4) it took
+1:37:51, 8 minutes over its 90-minute target. The warm start solved 40 of 100 test tasks bare; those
+four GRPO steps took it down to 18, and the zero-shot model solved none, with or without S0. Eight
+groups of 4 at lr 1e-4 (rollouts at temperature 1.0) keep the warm start instead (23 of 60 test
+tasks after four plain GRPO steps, 22 before), at a higher cost a step (the first took 19 minutes
+with its retries). docs/smollm2.md has the stage times, the results and why each setting below was
+chosen.
 """
 
 import ml_collections
