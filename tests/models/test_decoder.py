@@ -133,17 +133,17 @@ def test_stacked_parameters_keep_their_sharding():
     assert stacked == {"f32[2,96,16]", "f32[2,16,96]"}  # up/gate_proj [mlp, embed], down_proj [embed, mlp]
 
 
+def _logsumexp_loss(model: nnx.Module, ids: jax.Array) -> jax.Array:
+    return jnp.mean(jax.nn.logsumexp(model(ids), axis=-1))
+
+
 def _saved_residual_shapes(model: nnx.Module, ids: jax.Array, capsys) -> list[tuple[int, ...]]:
     """Shapes of what the backward pass of `model`'s loss keeps from its forward (parameters aside)."""
     from jax.ad_checkpoint import print_saved_residuals
 
     graphdef, state = nnx.split(model)
-
-    def loss(state):
-        return jnp.mean(jax.nn.logsumexp(nnx.merge(graphdef, state)(ids), axis=-1))
-
     capsys.readouterr()
-    print_saved_residuals(loss, state)
+    print_saved_residuals(lambda state: _logsumexp_loss(nnx.merge(graphdef, state), ids), state)
     shapes = []
     for line in capsys.readouterr().out.splitlines():
         if "from the argument" in line:
@@ -175,10 +175,8 @@ def test_minimal_remat_keeps_the_projections_and_recomputes_attention_scores(cap
     assert not scores(saved["minimal"]) and not scores(saved["full"])
     assert mlp(saved["minimal"]) and not mlp(saved["full"])
 
-    def loss(m):
-        return jnp.mean(jax.nn.logsumexp(m(ids), axis=-1))
-
-    expected = jax.tree.leaves(nnx.jit(nnx.grad(loss))(models["none"]))
-    got = jax.tree.leaves(nnx.jit(nnx.grad(loss))(models["minimal"]))
+    grad = nnx.jit(nnx.grad(_logsumexp_loss))
+    expected = jax.tree.leaves(grad(models["none"], ids))
+    got = jax.tree.leaves(grad(models["minimal"], ids))
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
