@@ -11,11 +11,16 @@ random weights. Both sides run the same batch from the same state; the padded si
 a length grid coarser than the batch (`length_multiple` above its width). One warm-up call of
 each compiles it, then `rounds` alternating timed calls (order swapped each round); each side's
 best counts. The JSON carries every round, the tokens each side computes and the load averages.
+
+    python -m intraskill_jax.bench.update --json --remat=full,minimal   # remat policies as peers
+
+Each further `--remat` policy adds a grouped side (`grouped:<policy>`, the same batch and
+weights); `temp_gib` is XLA's temporary buffer size of one micro-batch's program at the batch's
+width under each policy, the memory remat trades for speed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -40,9 +45,9 @@ from intraskill_jax.models.lora import LoRAConfig
 from intraskill_jax.rl import train_step as ts
 from intraskill_jax.rl.grpo import LossConfig
 
-SIZES: dict[str, Callable[[], ModelConfig]] = {
-    "smollm2": lambda: ModelConfig.smollm2_135m(dtype="float32", param_dtype="float32", remat="full",
-                                                scan_layers=True, **model_bench.KERNELS["cpu"]),
+SIZES: dict[str, Callable[[str], ModelConfig]] = {  # remat policy -> config
+    "smollm2": lambda remat: ModelConfig.smollm2_135m(dtype="float32", param_dtype="float32", remat=remat,
+                                                      scan_layers=True, **model_bench.KERNELS["cpu"]),
 }
 
 
@@ -63,36 +68,55 @@ def _batch(rows: int, shortest: int, longest: int, vocab: int, seed: int = 0) ->
     return ts.train_batch(collated, advantages=advantages, compact=True)
 
 
+def _temp_gib(step: ts.UpdateStep, state: ts.TrainState, batch: ts.TrainBatch, micro: int) -> float | None:
+    """XLA's temporary buffers of one micro-batch's update at the batch's width, or None where the
+    backend reports no memory analysis."""
+    one = jax.tree.map(lambda x: None if x is None else x[:micro], batch)
+    analysis = step.trace(state, one).lower().compile().memory_analysis()
+    return None if analysis is None else analysis.temp_size_in_bytes / 2**30
+
+
 def run(size: str = "smollm2", *, rows: int = 4, shortest: int = 1100, longest: int = 2400, micro: int = 2,
-        rounds: int = 1) -> dict[str, Any]:
-    config = SIZES[size]()
+        rounds: int = 1, remat: Sequence[str] = ("full",)) -> dict[str, Any]:
     optim = ts.OptimConfig(learning_rate=1e-6, micro_batch_size=micro)
     tx = ts.make_optimizer(optim)
-    model = lora_lib.apply_lora(causal_lm_class(config)(config, rngs=nnx.Rngs(0)),
-                                LoRAConfig(enabled=True, rank=16, alpha=32.0))
-    graphdef, state = ts.init_train_state(model, tx)
-    batch = _batch(rows, shortest, longest, config.vocab_size)
+    lora = LoRAConfig(enabled=True, rank=16, alpha=32.0)
+    # One model per remat policy, all with the same weights (the policy changes no parameter).
+    models = {policy: lora_lib.apply_lora(causal_lm_class(config)(config, rngs=nnx.Rngs(0)), lora)
+              for policy in remat for config in [SIZES[size](policy)]}
+    graphdefs, states = {}, {}
+    for policy, model in models.items():
+        graphdefs[policy], states[policy] = ts.init_train_state(model, tx)
+    first = remat[0]
+    batch = _batch(rows, shortest, longest, models[first].config.vocab_size)
     width = batch.input_ids.shape[1]
-    steps = {side: ts.grpo_step(graphdef, tx, optim, LossConfig(), donate=False,
+    sides = {"padded": (first, 2 * width), "grouped": (first, 128),
+             **{f"grouped:{policy}": (policy, 128) for policy in remat[1:]}}
+    steps = {side: ts.grpo_step(graphdefs[policy], tx, optim, LossConfig(), donate=False,
                                 length_multiple=multiple)
-             for side, multiple in (("padded", 2 * width), ("grouped", 128))}
+             for side, (policy, multiple) in sides.items()}
+    temp_gib = {policy: _temp_gib(steps["padded" if policy == first else f"grouped:{policy}"],
+                                  states[policy], batch, micro) for policy in remat}
     groups = ts.length_groups(batch, micro, 128)
-    computed = {"padded": int(np.ceil(rows / micro) * micro * width),
-                "grouped": sum(g.input_ids.size for g in groups) if groups else None}
+    grouped_tokens = sum(g.input_ids.size for g in groups) if groups else None
+    computed = {side: int(np.ceil(rows / micro) * micro * width) if side == "padded" else grouped_tokens
+                for side in sides}
     load_before = os.getloadavg()
     times: dict[str, list[float]] = {side: [] for side in steps}
     for i in range(rounds + 1):
         for side in (list(steps) if i % 2 == 0 else list(steps)[::-1]):
             start = time.perf_counter()
-            jax.block_until_ready(steps[side](state, batch))
+            jax.block_until_ready(steps[side](states[sides[side][0]], batch))
             if i:  # the first call of each compiles it
                 times[side].append(time.perf_counter() - start)
     tokens = int(np.asarray(batch.attention_mask).sum())
     best = {side: min(t) for side, t in times.items()}
-    return {"size": size, "rows": rows, "micro": micro, "width": width, "tokens": tokens,
+    return {"size": size, "rows": rows, "micro": micro, "width": width, "tokens": tokens, "remat": list(remat),
             "computed_tokens": computed, "seconds": best, "seconds_all": times,
             "tokens_per_s": {side: tokens / s for side, s in best.items()},
             "speedup_grouped": best["padded"] / best["grouped"],
+            "speedup_remat": {policy: best["grouped"] / best[f"grouped:{policy}"] for policy in remat[1:]},
+            "temp_gib": temp_gib,
             "allocator": allocator.active(), "load_before": load_before, "load_after": os.getloadavg(),
             "jax": jax.__version__, "device": jax.devices()[0].device_kind}
 
@@ -105,6 +129,8 @@ def _define_flags(values: flags.FlagValues) -> None:
     flags.DEFINE_integer("longest", 2400, "the longest episode (tokens)", flag_values=values)
     flags.DEFINE_integer("micro", 2, "rows per micro-batch", flag_values=values)
     flags.DEFINE_integer("rounds", 1, "alternating timed rounds (each side's best counts)", flag_values=values)
+    flags.DEFINE_list("remat", ["full"], "remat policies (the first is the padded side's; each further one "
+                      "adds a grouped side)", flag_values=values)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -112,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         allocator.ensure()
     values = flagparse.parse("python -m intraskill_jax.bench.update", __doc__, _define_flags, argv)
     result = run(values.size, rows=values.rows, shortest=values.shortest, longest=values.longest,
-                 micro=values.micro, rounds=values.rounds)
+                 micro=values.micro, rounds=values.rounds, remat=values.remat)
     print(json.dumps(result) if values.json else json.dumps(result, indent=2))
 
 
