@@ -46,6 +46,7 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.policy.transpose_decode_weights = True
     # The update's backward keeps each layer's attention scores without remat: 92 GB of
     # temporaries at 4 x 3,072 tokens. Full remat keeps one layer's; the scan compiles one layer.
+    # 'minimal' was 1.08x faster on the update for 3.9x the temporaries (bench.update): not worth it.
     c.policy.remat = "full"
     c.policy.scan_layers = True
     c.sim.env.page_size = 5
@@ -78,8 +79,10 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.warm_start.sft.lora.enabled = True
     c.warm_start.sft.lora.rank = 16
     c.warm_start.sft.lora.alpha = 32.0
+    # Two rounds of one step each, no retries: what the 90 minutes leave once the warm start (13),
+    # the two gates (~20) and the evaluation (~39) are paid (docs/smollm2.md, Choices).
     c.train.rounds = 2
-    c.train.gate_every = 2
+    c.train.gate_every = 1
     c.train.groups_per_step = 8
     c.train.group_size = 4
     c.train.checkpoint_every = 1
@@ -89,6 +92,7 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.train.lora.rank = 16
     c.train.lora.alpha = 32.0
     c.skills.initial = "skills/s0"
+    c.skills.retry = False  # a step's retries of all-wrong groups doubled its cost (19:18 vs ~6:30)
     c.skills.validation_tasks = 32
     c.skills.max_failures_analysed = 64
     c.skills.analysts.max_proposals = 2
