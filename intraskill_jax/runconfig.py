@@ -134,12 +134,21 @@ class WarmStartConfig:
       sft: the supervised update (optimizer, batch, epochs).
       heldout_demos: validation tasks whose oracle runs score the warm start afterwards: per
         action kind, the chance it samples the oracle's reply (metrics `eval/sft_agree_<kind>`).
+      recovery_share: the share of the demonstrations that first make a policy's mistake and then
+        recover from it (`sim.policies.RecoveringOraclePolicy`: a `buy now` with an option axis
+        unchosen, or a product lacking a requested value opened and left with `< prev`; half
+        each). The mistaken replies stay in the context and out of the loss.
     """
 
     enabled: bool = False
     num_demos: int = 256
     heldout_demos: int = 32
+    recovery_share: float = 0.0
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.recovery_share <= 1.0:
+            raise ValueError(f"warm_start.recovery_share must be in [0, 1], got {self.recovery_share}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,7 @@ import numpy as np
 from etils import epath
 
 from sim.env import ShopEnv
+from sim.policies import RecoveringOraclePolicy
 from sim.world import World
 
 from intraskill_jax import rundir
@@ -30,14 +31,16 @@ from intraskill_jax.skills.masks import sample_contexts
 log = logging.getLogger(__name__)
 
 # The demonstrations' seed stream: default_rng([seed, _DEMOS, k]) (coevolve.py holds streams 1-4),
-# k = 0 for the training demonstrations, 1 for the held-out runs.
+# k = 0 for the training demonstrations, 1 for the held-out runs, 2 for the recovery mistakes.
 _DEMOS = 5
 
 
 def oracle_runs(config: RunConfig, world: World, tokenizer, task_ids: Sequence[int], *,
                 heldout: bool) -> list[Trajectory]:
     """The oracle's episodes on `task_ids`, rendered by the agent loop under training-like skill
-    masks (seeded by the run's seed, one stream for the demonstrations and one for held-out runs)."""
+    masks (seeded by the run's seed, one stream for the demonstrations and one for held-out runs).
+    A `warm_start.recovery_share` of the demonstrations (never the held-out runs) recover from a
+    mistake first."""
     rng = np.random.default_rng([config.train.seed, _DEMOS, int(heldout)])
     if config.skills.mode != "none":
         bank = SkillBank.load(resolve_repo_path(config.skills.initial))
@@ -45,7 +48,18 @@ def oracle_runs(config: RunConfig, world: World, tokenizer, task_ids: Sequence[i
     else:
         contexts = [SkillContext()] * len(task_ids)
     specs = group_specs(task_ids, contexts)
-    return oracle_demonstrations([ShopEnv(world) for _ in specs], tokenizer, specs, config.agent)
+    mistakes = None if heldout else recovery_mistakes(len(specs), config.warm_start.recovery_share,
+                                                      np.random.default_rng([config.train.seed, _DEMOS, 2]))
+    return oracle_demonstrations([ShopEnv(world) for _ in specs], tokenizer, specs, config.agent, mistakes=mistakes)
+
+
+def recovery_mistakes(n: int, share: float, rng: np.random.Generator) -> list[str | None]:
+    """Which of `n` demonstrations make a mistake first: round(share * n) of them, drawn by `rng`,
+    the kinds alternating ('buy_early', 'wrong_product', ...); None for the oracle's own."""
+    out: list[str | None] = [None] * n
+    for k, i in enumerate(sorted(rng.choice(n, size=round(share * n), replace=False))):
+        out[i] = RecoveringOraclePolicy.MISTAKES[k % len(RecoveringOraclePolicy.MISTAKES)]
+    return out
 
 
 def heldout_runs(config: RunConfig, world: World, tokenizer) -> list[Trajectory]:

@@ -112,6 +112,69 @@ class OraclePolicy:
         return "click[buy now]"
 
 
+class RecoveringOraclePolicy(OraclePolicy):
+    """The oracle, making one mistake a policy makes and recovering from it: demonstrations of
+    recovery, whose mistaken actions a trainer leaves out of the loss (`mistakes`).
+
+    `mistake`:
+    - 'buy_early': with one option axis still unchosen, click `buy now`; the shop refuses and names
+      the axis; then choose it and buy.
+    - 'wrong_product': open a result on the page that lacks a requested option value, click that
+      value (not on the page: refused), go back with `< prev` and open the right result.
+    Where the episode gives the mistake no room (a product without options, no result on the page
+    lacking a requested value), the episode is the oracle's own.
+    """
+
+    MISTAKES = ("buy_early", "wrong_product")
+
+    def __init__(self, mistake: str):
+        if mistake not in self.MISTAKES:
+            raise ValueError(f"mistake must be one of {self.MISTAKES}, got {mistake!r}")
+        self.mistake = mistake
+
+    def reset(self, env: ShopEnv, observation: str) -> None:
+        super().reset(env, observation)
+        self.mistakes: list[int] = []  # indices of this episode's mistaken actions
+        self._actions = 0
+        self._plan: list[tuple[str, bool]] = []  # (action, mistaken) to play before the oracle's own
+        self._made = False
+
+    def act(self, env: ShopEnv, observation: str) -> str:
+        if not self._made:
+            self._plan = self._mistake(env)
+            self._made = bool(self._plan)
+        action, mistaken = self._plan.pop(0) if self._plan else (super().act(env, observation), False)
+        if mistaken:
+            self.mistakes.append(self._actions)
+        self._actions += 1
+        return action
+
+    def _mistake(self, env: ShopEnv) -> list[tuple[str, bool]]:
+        """The mistake and its recovery where this page gives it room, else []."""
+        page, catalog = env.page, env.world.catalog
+        if self.mistake == "buy_early" and page.kind == "item" and env.config.require_all_options:
+            product = catalog[page.product]
+            unchosen = [axis for axis in product.options if axis not in page.selected]
+            if len(unchosen) == 1:
+                return [("click[buy now]", True)]
+        if self.mistake == "wrong_product" and page.kind == "results":
+            size = env.config.page_size
+            start = (page.page - 1) * size
+            for index in page.results[start : start + size]:
+                lacking = self._lacking_value(catalog[index])
+                if lacking is not None:
+                    return [(f"click[{env.result_button(index)}]", True), (f"click[{lacking}]", True),
+                            ("click[< prev]", False)]
+        return []
+
+    def _lacking_value(self, product: Product) -> str | None:
+        """A requested option value `product` does not offer, or None."""
+        for axis, goal in self.task.options.items():
+            if not any(o.value == goal for o in product.options.get(axis, ())):
+                return goal
+        return None
+
+
 class HeuristicPolicy:
     """Non-oracle baseline: one search with the request, first result, options named in the text."""
 

@@ -14,7 +14,8 @@ from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, SkillContext,
 from intraskill_jax.agent.prompts import system_prompt
 from intraskill_jax.agent.trajectory import bucket_length, collate
 from intraskill_jax.rollout.base import SamplingParams, ScriptedEngine
-from intraskill_jax.tokenization import IM_END, ToolCall, format_tool_calls, parse_reply, train_tokenizer
+from intraskill_jax.tokenization import (IM_END, ToolCall, format_tool_calls, from_env_action, parse_reply,
+                                         to_env_action, train_tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,51 @@ def test_oracle_demonstrations_succeed_and_masks_cover_exactly_the_sampled_repli
             assert text.endswith(IM_END)
             assert parse_reply(text, tok.tool_format).calls[0].name == turn.tool
             assert turn.generated_tokens == len(span)
+
+
+def _sampled_spans(t):
+    spans, cur = [], []
+    for tid, m in zip([*t.token_ids, -1], [*t.loss_mask, 0]):
+        if m:
+            cur.append(tid)
+        elif cur:
+            spans, cur = [*spans, cur], []
+    return spans
+
+
+def test_recovery_demonstrations_keep_the_mistake_in_context_and_out_of_the_loss(world, tok):
+    specs = [EpisodeSpec(int(t), group=k) for k, t in enumerate(world.splits.train[:12])]
+    mistakes = ["buy_early", "wrong_product", None] * 4
+    cfg = AgentConfig(tool_format=tok.tool_format, max_turns=14)
+    trajs = oracle_demonstrations(envs_for(world, 12, result_labels="rank", page_size=5), tok, specs, cfg,
+                                  mistakes=mistakes)
+    made = 0
+    for t, mistake in zip(trajs, mistakes):
+        assert t.success and t.repairs == 0
+        actions = [turn.action for turn in t.turns]
+        if mistake == "buy_early" and actions.count("click[buy now]") == 2:
+            mistaken = [actions.index("click[buy now]")]  # refused: an axis was unchosen
+        elif mistake == "wrong_product" and "click[< prev]" in actions:
+            back = actions.index("click[< prev]")
+            mistaken = [back - 2, back - 1]  # the wrong product opened, the value it lacks clicked
+        else:  # the oracle's own: no mistake asked for, or the page gave it no room
+            mistaken = []
+        made += bool(mistaken)
+        trained = [to_env_action(parse_reply(tok.decode(span, skip_special_tokens=False), tok.tool_format).calls[0])
+                   for span in _sampled_spans(t)]
+        assert trained == [a for i, a in enumerate(actions) if i not in mistaken]
+        # The mistaken replies are still in the conversation the recovery is conditioned on.
+        text = tok.decode(t.token_ids, skip_special_tokens=False)
+        for i in mistaken:
+            assert format_tool_calls([from_env_action(actions[i])], tok.tool_format) in text
+    assert made >= 6
+
+
+def test_mistakes_must_match_the_episodes(world, tok):
+    specs = [EpisodeSpec(int(t)) for t in world.splits.train[:2]]
+    with pytest.raises(ValueError, match="one mistake"):
+        oracle_demonstrations(envs_for(world, 2), tok, specs, AgentConfig(tool_format=tok.tool_format),
+                              mistakes=["buy_early"])
 
 
 def test_malformed_replies_are_repairs_and_turn_limit_ends_with_zero_reward(world, tok):
