@@ -11,13 +11,11 @@ co-evolution rounds of GRPO with LoRA follow, each closed by the gate; the four 
 evaluated on the same test tasks, and the zero-shot model (no warm start) bare and with S0 beside
 them.
 
-From a fresh clone on two cores (2026-12-04, 7a3090b, GRPO then 2 groups x 8 at lr 3e-4) it took
-1:37:51, 8 minutes over its 90-minute target. The warm start solved 40 of 100 test tasks bare; those
-four GRPO steps took it down to 18, and the zero-shot model solved none, with or without S0. Eight
-groups of 4 at lr 1e-4 (rollouts at temperature 1.0) keep the warm start instead (23 of 60 test
-tasks after four plain GRPO steps, 22 before), at a higher cost a step (the first took 19 minutes
-with its retries). docs/smollm2.md has the stage times, the results and why each setting below was
-chosen.
+From a fresh clone on two cores (2026-12-05, 0692433) it took 1:39:32, 9.5 minutes over its
+90-minute target (the gates took 24:35, the evaluation 39:57). The warm start solved 40 of 100 test
+tasks bare and the trained policy 40 (+0.0 points [-8.0, +9.0]); the zero-shot model solved none,
+with or without S0; the second gate had evidence and cut the bank from 10 chunks to 5.
+docs/smollm2.md has the stage times, the results and why each setting below was chosen.
 """
 
 import ml_collections
