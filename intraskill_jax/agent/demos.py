@@ -60,19 +60,12 @@ def oracle_demonstrations(envs: Sequence[ShopEnv], tokenizer: Any, specs: Sequen
 
 
 def mask_replies(traj: Trajectory, turns: Sequence[int]) -> None:
-    """Leaves the replies of `turns` (0-based) out of the loss: each reply is one run of sampled
-    tokens, in turn order."""
-    runs, start = [], None
-    for i, m in enumerate([*traj.loss_mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append((start, i))
-            start = None
+    """Leaves the replies of `turns` (0-based) out of the loss."""
+    spans = traj.reply_spans()
     for turn in turns:
-        if turn >= len(runs):
-            raise ValueError(f"{traj.episode_id} has {len(runs)} replies; cannot mask reply {turn}")
-        a, b = runs[turn]
+        if turn >= len(spans):
+            raise ValueError(f"{traj.episode_id} has {len(spans)} replies; cannot mask reply {turn}")
+        a, b = spans[turn]
         traj.loss_mask[a:b] = [0] * (b - a)
 
 

@@ -50,6 +50,12 @@ class Trajectory:
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
+    def reply_spans(self) -> list[tuple[int, int]]:
+        """[start, end) of each reply in the conversation: its runs of loss-mask 1, in turn order."""
+        sampled = np.asarray(self.loss_mask, bool)
+        edges = np.flatnonzero(np.diff(np.concatenate([[False], sampled, [False]]).astype(int)))
+        return [(int(i), int(j)) for i, j in zip(edges[::2], edges[1::2])]
+
     @property
     def repairs(self) -> int:
         return sum(t.repair is not None for t in self.turns)

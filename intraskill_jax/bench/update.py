@@ -71,7 +71,7 @@ def _batch(rows: int, shortest: int, longest: int, vocab: int, seed: int = 0) ->
 def _temp_gib(step: ts.UpdateStep, state: ts.TrainState, batch: ts.TrainBatch, micro: int) -> float | None:
     """XLA's temporary buffers of one micro-batch's update at the batch's width, or None where the
     backend reports no memory analysis."""
-    one = jax.tree.map(lambda x: None if x is None else x[:micro], batch)
+    one = jax.tree.map(lambda x: x[:micro], batch)
     analysis = step.trace(state, one).lower().compile().memory_analysis()
     return None if analysis is None else analysis.temp_size_in_bytes / 2**30
 
@@ -82,13 +82,13 @@ def run(size: str = "smollm2", *, rows: int = 4, shortest: int = 1100, longest: 
     tx = ts.make_optimizer(optim)
     lora = LoRAConfig(enabled=True, rank=16, alpha=32.0)
     # One model per remat policy, all with the same weights (the policy changes no parameter).
-    models = {policy: lora_lib.apply_lora(causal_lm_class(config)(config, rngs=nnx.Rngs(0)), lora)
-              for policy in remat for config in [SIZES[size](policy)]}
     graphdefs, states = {}, {}
-    for policy, model in models.items():
+    for policy in remat:
+        config = SIZES[size](policy)
+        model = lora_lib.apply_lora(causal_lm_class(config)(config, rngs=nnx.Rngs(0)), lora)
         graphdefs[policy], states[policy] = ts.init_train_state(model, tx)
     first = remat[0]
-    batch = _batch(rows, shortest, longest, models[first].config.vocab_size)
+    batch = _batch(rows, shortest, longest, config.vocab_size)
     width = batch.input_ids.shape[1]
     sides = {"padded": (first, 2 * width), "grouped": (first, 128),
              **{f"grouped:{policy}": (policy, 128) for policy in remat[1:]}}

@@ -181,10 +181,8 @@ def reply_logprobs(model: nnx.Module, trajectories: Sequence[Trajectory], *, pad
         batch = pad_rows(train_batch(collate(chunk, pad_id), compact=True), batch_size)
         lp = np.asarray(_masked_logprobs(model, jax.tree.map(np.asarray, batch)))
         for row, traj in zip(lp, chunk):
-            sampled = np.asarray(traj.loss_mask, bool)
-            edges = np.flatnonzero(np.diff(np.concatenate([[False], sampled, [False]]).astype(int)))
             # Prediction t scores token t + 1, so tokens [i, j) are scored at [i - 1, j - 1).
-            out.append([float(row[max(i - 1, 0):j - 1].sum()) for i, j in zip(edges[::2], edges[1::2])])
+            out.append([float(row[max(i - 1, 0):j - 1].sum()) for i, j in traj.reply_spans()])
     return out
 
 
