@@ -13,7 +13,11 @@ New sessions whose prompts share a prefix (the system prompt and tools of every 
 prompt of GRPO siblings) pre-fill it once, in one row at batch 1, and copy that row's state to the
 others; each then pre-fills only its own remainder (`shared_prefix_tokens` counts the tokens saved).
 The last such prefix's state is kept, so a session that starts later on it (continuous batching:
-an evaluation's next task under the same system prompt and skill) copies it in too.
+an evaluation's next task under the same system prompt and skill) copies it in too. A session
+starting on a prompt of its own (the gate's random skill masks) beside sessions that add one
+observation each would set the width of the whole turn's pre-fill: its head is pre-filled apart, at
+batch 1 (once for siblings with the same prompt), where that computes fewer token columns. State is
+copied between rows one row at a time in place (a scatter made XLA:CPU rewrite the whole cache).
 
 Each row writes only its own real tokens at its own next slots (padding and idle rows cost none),
 so the cache needs as many slots as the longest live session. Attention reads every slot (with the
@@ -58,6 +62,8 @@ class SamplerConfig:
         activations and cache in the policy's dtype (`models.layers.matmul_dtype`): on a CPU with
         AVX512-BF16 its products run ~2x faster. Its log-probs then differ slightly from the
         trainer's, which the GRPO loss's truncated importance sampling corrects (`loss.tis_cap`).
+      apart_call_cost: what a pre-fill call apart from the turn's batch costs beyond its tokens, in
+        token columns: a long new history's head is pre-filled apart only where that saves more.
     """
 
     max_batch: int = 16
@@ -68,6 +74,7 @@ class SamplerConfig:
     decode_buckets: tuple[int, ...] = (64, 256, 1024)
     seed: int = 0
     weight_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    apart_call_cost: int = 64
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_length < 2 or self.min_cache_length < 1 or not self.cache_growth > 1:
@@ -75,6 +82,8 @@ class SamplerConfig:
                              f"{self.max_batch}, {self.max_length}, {self.min_cache_length}, {self.cache_growth}")
         if self.weight_dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"sampler weight_dtype must be 'auto', 'float32' or 'bfloat16', got {self.weight_dtype!r}")
+        if self.apart_call_cost < 0:
+            raise ValueError(f"sampler apart_call_cost must be >= 0, got {self.apart_call_cost}")
         for name in ("prefill_buckets", "decode_buckets"):
             b = getattr(self, name)
             if not b or list(b) != sorted(b) or b[0] < 1:
@@ -107,7 +116,9 @@ class JaxSampler:
         self.config = config or SamplerConfig()
         self._use(model)
         self.weight_version = weight_version
-        self.shared_prefix_tokens = 0
+        self.shared_prefix_tokens = 0  # tokens a row copied in instead of pre-filling them
+        self.apart_tokens = 0  # tokens pre-filled apart from the turn's batch (`_heads_apart`)
+        self.prefill_columns = 0  # token columns computed by pre-fills (rows x padded tokens)
         self._rows: dict[str, _Row] = {}
         self._key = jax.random.key(self.config.seed)
         self.flush()
@@ -140,7 +151,7 @@ class JaxSampler:
         self._key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed), seed), step)
 
     def flush(self) -> None:
-        self._prefix = None  # (tokens, a one-row cache holding their state): see _prefill_shared
+        self._prefix = None  # (tokens, a one-row cache holding their state): see generate
         self._rows.clear()
         self._free = list(range(self.config.max_batch))  # rows handed out in order again: replayable
         self._cache = self._empty_cache(1)
@@ -195,7 +206,11 @@ class JaxSampler:
         if fresh:
             self._reset_rows(fresh)
         if prefix:
-            self._prefill_shared(prefix, shared)
+            self._prefill_apart(prefix, shared)
+            self.shared_prefix_tokens += len(prefix) * (len(shared) - 1)
+            # Kept for sessions that start later on the same prefix (an evaluation's next tasks under
+            # the same system prompt and skill): one row's state, copied in instead of pre-filled again.
+            self._prefix = (list(prefix), _take_rows(self._cache, jnp.asarray([shared[0]], jnp.int32)))
             for i in shared:
                 new_tokens[i] = new_tokens[i][len(prefix):]
         if self._prefix is not None:  # sessions starting alone on the prefix an earlier call pre-filled
@@ -211,6 +226,16 @@ class JaxSampler:
         # episodes of an evaluation).
         requested = sorted(self._rows[r.session].index for r in requests)
         width = self._row_bucket(len(requested))
+        # A long new history (a session starting on a prompt of its own beside sessions adding one
+        # observation each: the gate's and a masked step's skill texts) would set the width of every
+        # row's pre-fill. Its head is pre-filled apart, at batch 1, once per distinct history (GRPO
+        # siblings share theirs), where that costs less (`_heads_apart`).
+        histories = {self._rows[r.session].index: self._rows[r.session].cached for r in requests}
+        for rows, head in self._heads_apart(new_tokens, histories, starting, width):
+            self._prefill_apart(head, rows)
+            self.apart_tokens += len(head)
+            for i in rows:
+                new_tokens[i] = new_tokens[i][len(head):]
         if width < self.config.max_batch:
             busy = set(requested)
             rows = requested + [i for i in range(self.config.max_batch) if i not in busy][: width - len(requested)]
@@ -253,6 +278,48 @@ class JaxSampler:
             return [], []
         return histories[0][:n], rows
 
+    def _padded(self, n: int) -> int:
+        """Token columns a pre-fill of `n` new tokens computes: chunks of the largest bucket, then the
+        bucket of the rest."""
+        big = self.config.prefill_buckets[-1]
+        return (n // big) * big + (_bucket(n % big, self.config.prefill_buckets) if n % big else 0)
+
+    def _heads_apart(self, new_tokens: dict[int, list[int]], histories: dict[int, list[int]],
+                     starting: Sequence[int], width: int) -> list[tuple[list[int], list[int]]]:
+        """The heads to pre-fill apart, each with the rows it goes to: (rows, head) groups.
+
+        The turn's batched pre-fill computes `width` rows of its longest row's padded length. With
+        a cap c, every row brings at most its last c tokens to it, and each longer row's head (all
+        but those c) is pre-filled apart at batch 1, once for every set of rows whose whole
+        histories are equal (starting siblings; a continuing row is its own set). The cap is the
+        bucket (or no cap) with the fewest computed token columns, each call apart counted as
+        `apart_call_cost` more.
+        """
+        lengths = {i: len(t) for i, t in new_tokens.items() if t}
+        if not lengths:
+            return []
+        longest = max(lengths.values())
+        start = set(starting)
+        best, best_cost = None, width * self._padded(longest)
+        for cap in self.config.prefill_buckets:
+            if cap >= longest:
+                break
+            heads = {}  # one head per distinct history
+            for i, n in lengths.items():
+                if n > cap:
+                    heads.setdefault(tuple(histories[i]) if i in start else i, n - cap)
+            cost = width * self._padded(cap) + sum(self._padded(n) + self.config.apart_call_cost
+                                                    for n in heads.values())
+            if cost < best_cost:
+                best, best_cost = cap, cost
+        if best is None:
+            return []
+        groups: dict[object, list[int]] = {}
+        for i, n in sorted(lengths.items()):
+            if n > best:
+                groups.setdefault(tuple(histories[i]) if i in start else i, []).append(i)
+        return [(rows, new_tokens[rows[0]][: lengths[rows[0]] - best]) for rows in groups.values()]
+
     def _row_bucket(self, rows: int) -> int:
         """The batch a turn of `rows` sessions runs at: max_batch, or max_batch halved while the
         rows fit, down to a quarter of it (each width compiles its own programs)."""
@@ -276,24 +343,27 @@ class JaxSampler:
         mask[rows] = True
         self._cache = _reset_rows(self._cache, jnp.asarray(mask))
 
-    def _prefill_shared(self, prefix: list[int], rows: list[int]) -> None:
-        """Pre-fills `prefix` once, at batch 1, into every row of `rows` (all empty)."""
-        targets = np.zeros(self.config.max_batch, bool)
-        targets[rows] = True
+    def _prefill_apart(self, tokens: list[int], rows: list[int]) -> None:
+        """Pre-fills `tokens` once, at batch 1, on top of the state of `rows[0]`, and writes the result
+        into every row of `rows` (all of which hold that same state)."""
+        targets = self._targets(rows)
         big = self.config.prefill_buckets[-1]
-        for start in range(0, len(prefix), big):
-            piece = prefix[start:start + big]
+        for start in range(0, len(tokens), big):
+            piece = tokens[start:start + big]
             width = _bucket(len(piece), self.config.prefill_buckets)
             ids = np.zeros((1, width), np.int32)
             mask = np.zeros((1, width), bool)
             ids[0, width - len(piece):] = piece
             mask[0, width - len(piece):] = True
-            self._cache = _prefill_shared(self.graphdef, self.state, self._cache, jnp.int32(rows[0]),
-                                          jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(targets))
-        self.shared_prefix_tokens += len(prefix) * (len(rows) - 1)
-        # Kept for sessions that start later on the same prefix (an evaluation's next tasks under
-        # the same system prompt and skill): one row's state, copied in instead of pre-filled again.
-        self._prefix = (list(prefix), _take_rows(self._cache, jnp.asarray([rows[0]], jnp.int32)))
+            self._cache = _prefill_apart(self.graphdef, self.state, self._cache, jnp.int32(rows[0]),
+                                         jnp.asarray(ids), jnp.asarray(mask), targets)
+            self.prefill_columns += width
+
+    def _targets(self, rows: Sequence[int]) -> jax.Array:
+        """`rows` as a fixed-size index vector (max_batch entries, the rest out of range: dropped)."""
+        targets = np.full(self.config.max_batch, self.config.max_batch, np.int32)
+        targets[: len(rows)] = rows
+        return jnp.asarray(targets)
 
     def _restore_prefix(self, rows: list[int]) -> None:
         """Puts the kept prefix's state into the (empty) rows `rows`."""
@@ -301,9 +371,7 @@ class JaxSampler:
         if state.max_length != self._cache.max_length:  # the cache grew or started over since
             state = _resized(state, self._cache.max_length)
             self._prefix = (known, state)
-        targets = np.zeros(self.config.max_batch, bool)
-        targets[rows] = True
-        self._cache = _put_where(self._cache, state, jnp.asarray(targets))
+        self._cache = _put_rows(self._cache, self._targets(rows), state)
         self.shared_prefix_tokens += len(known) * len(rows)
 
     def _prefill_rows(self, new_tokens: dict[int, list[int]], cache: DecodeCache) -> tuple[jax.Array, DecodeCache]:
@@ -322,6 +390,7 @@ class JaxSampler:
                 ids[i, width - len(piece):] = piece  # left padding: the last column is the newest token
                 mask[i, width - len(piece):] = True
             step_logits, cache = prefill(self.graphdef, self.state, cache, jnp.asarray(ids), jnp.asarray(mask))
+            self.prefill_columns += b * width
             got = np.zeros(b, bool)
             got[list(pending)] = True
             logits = jnp.where(jnp.asarray(got)[:, None], step_logits, logits)
@@ -373,30 +442,36 @@ def _take_rows(cache: DecodeCache, rows: jax.Array) -> DecodeCache:
     return _map_rows(lambda x: x[rows], cache)
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _put_rows(cache: DecodeCache, rows: jax.Array, sub: DecodeCache) -> DecodeCache:
-    """`cache` with rows `rows` [K] replaced by the K-row cache `sub` (`_take_rows`' inverse)."""
-    return _map_rows(lambda x, y: x.at[rows].set(y), cache, sub)
+def _write_rows(cache: DecodeCache, rows: jax.Array, sub: DecodeCache) -> DecodeCache:
+    """`cache` with row `rows[k]` replaced by row k of `sub` (by its only row, when it has one), for
+    the in-range entries of `rows` [K], which come first (padding entries, out of range, after).
+
+    One row per iteration of a loop of in-place updates: for a scatter of the rows, or a select over
+    the whole cache, XLA:CPU wrote the whole cache (0.65 s at SmolLM2's 32 x 2,048 slots, for one
+    row)."""
+    n = jnp.sum(rows < cache.key_valid.shape[0])
+    single = sub.key_valid.shape[0] == 1
+
+    def body(k, cache):
+        src = 0 if single else k
+        return _map_rows(lambda x, y: jax.lax.dynamic_update_slice_in_dim(
+            x, jax.lax.dynamic_slice_in_dim(y, src, 1, axis=0), rows[k], axis=0), cache, sub)
+
+    return jax.lax.fori_loop(0, n, body, cache)
+
+
+_put_rows = jax.jit(_write_rows, donate_argnums=(0,))
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _prefill_shared(graphdef, state, cache: DecodeCache, source, ids, mask, rows) -> DecodeCache:
-    """Pre-fills ids [1, W] on row `source` alone, then copies its state to every row in `rows` [B]."""
+def _prefill_apart(graphdef, state, cache: DecodeCache, source, ids, mask, targets) -> DecodeCache:
+    """Pre-fills ids [1, W] on row `source` alone, then writes its state into the rows `targets`."""
     model = nnx.merge(graphdef, state)
     one = _map_rows(lambda x: jax.lax.dynamic_slice_in_dim(x, source, 1, axis=0), cache)
     _, one = model.hidden_states(ids, mask, cache=one)
-    return _copy_into(cache, one, rows)
+    return _write_rows(cache, targets, one)
 
 
-def _copy_into(cache: DecodeCache, one: DecodeCache, rows: jax.Array) -> DecodeCache:
-    """`cache` with the one-row cache `one` copied into every row where `rows` [B] is set."""
-    def put(old, new):
-        return jnp.where(rows.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
-
-    return _map_rows(put, cache, one)
-
-
-_put_where = jax.jit(_copy_into, donate_argnums=(0,))
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k"), donate_argnums=(2,))

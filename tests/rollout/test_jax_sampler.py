@@ -297,3 +297,34 @@ def test_a_session_starting_later_on_a_kept_prefix_copies_its_state(model):
     sampler.release("F")
     turn("G", common + [60])  # and a shorter one again: the kept state is cut to it
     assert sampler.cache_length == 64 and sampler.shared_prefix_tokens == 24 * 5
+
+
+def test_a_long_new_history_is_prefilled_apart_and_siblings_share_it(model, monkeypatch):
+    """Two groups of two siblings start on prompts of their own past a common prefix: each group's
+    head is pre-filled once, apart, and copied to its sibling. Then three sessions add an
+    observation each while a fourth starts on a long prompt of its own: its head is pre-filled
+    apart, so the turn's batched pre-fill stays at the width the short rows need. Every completion
+    stays the uncached reference's."""
+    import intraskill_jax.rollout.jax_sampler as js
+
+    widths = []
+    batched = js.prefill
+    monkeypatch.setattr(js, "prefill", lambda g, s, cache, ids, mask: widths.append(ids.shape) or batched(g, s, cache, ids, mask))
+    sampler = JaxSampler(model, small(apart_call_cost=16))
+    params = SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(STOP,))
+    common, a, b = prompts(10, 1, 10, 11)[0], prompts(11, 1, 40, 41)[0], prompts(12, 1, 40, 41)[0]
+    history = {"A1": common + a, "A2": common + a, "B1": common + b, "B2": common + b}
+    got = sampler.generate([GenerateRequest(s, h) for s, h in history.items()], params)
+    for (s, h), c in zip(history.items(), got, strict=True):
+        assert c.token_ids == greedy_reference(model, h, 6), s
+        history[s] = h + c.token_ids + [60, 61, 62]
+    # The 10-token prefix once; then of each group's 40 tokens all but the last 8, once per group.
+    assert sampler.shared_prefix_tokens == 10 * 3 and sampler.apart_tokens == 2 * 32
+    assert widths == [(4, 8)]
+    sampler.release("B2")
+    history["C"] = prompts(13, 1, 70, 71)[0]
+    widths.clear()
+    got = sampler.generate([GenerateRequest(s, h) for s, h in history.items() if s != "B2"], params)
+    for s, c in zip([s for s in history if s != "B2"], got, strict=True):
+        assert c.token_ids == greedy_reference(model, history[s], 6), s
+    assert sampler.apart_tokens == 2 * 32 + 62 and widths == [(4, 8)]
