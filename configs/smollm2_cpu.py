@@ -11,10 +11,10 @@ co-evolution rounds of GRPO with LoRA follow, each closed by the gate; the four 
 evaluated on the same test tasks, and the zero-shot model (no warm start) bare and with S0 beside
 them.
 
-From a fresh clone on two cores (2026-12-05, 0692433) it took 1:39:32, 9.5 minutes over its
-90-minute target (the gates took 24:35, the evaluation 39:57). The warm start solved 40 of 100 test
-tasks bare and the trained policy 40 (+0.0 points [-8.0, +9.0]); the zero-shot model solved none,
-with or without S0; the second gate had evidence and cut the bank from 10 chunks to 5.
+From a fresh clone on two cores (2026-12-05, a75edcb, glibc malloc) it took 1:25:48, within its
+90-minute target (the gates 14:46, the evaluation 37:16). The warm start solved 38 of 100 test tasks
+bare and 35 with S0; the trained policy 42 bare (+4.0 points [-4.0, +13.0]) and 48 with its final
+6-chunk bank (+13.0 [+7.0, +21.0] over the warm start with S0); the zero-shot model solved none.
 docs/smollm2.md has the stage times, the results and why each setting below was chosen.
 """
 
