@@ -118,7 +118,6 @@ class JaxSampler:
         self.weight_version = weight_version
         self.shared_prefix_tokens = 0  # tokens a row copied in instead of pre-filling them
         self.apart_tokens = 0  # tokens pre-filled apart from the turn's batch (`_heads_apart`)
-        self.prefill_columns = 0  # token columns computed by pre-fills (rows x padded tokens)
         self._rows: dict[str, _Row] = {}
         self._key = jax.random.key(self.config.seed)
         self.flush()
@@ -300,6 +299,7 @@ class JaxSampler:
             return []
         longest = max(lengths.values())
         start = set(starting)
+        same = {i: tuple(histories[i]) if i in start else i for i in lengths}  # rows alike share a key
         best, best_cost = None, width * self._padded(longest)
         for cap in self.config.prefill_buckets:
             if cap >= longest:
@@ -307,7 +307,7 @@ class JaxSampler:
             heads = {}  # one head per distinct history
             for i, n in lengths.items():
                 if n > cap:
-                    heads.setdefault(tuple(histories[i]) if i in start else i, n - cap)
+                    heads.setdefault(same[i], n - cap)
             cost = width * self._padded(cap) + sum(self._padded(n) + self.config.apart_call_cost
                                                     for n in heads.values())
             if cost < best_cost:
@@ -317,7 +317,7 @@ class JaxSampler:
         groups: dict[object, list[int]] = {}
         for i, n in sorted(lengths.items()):
             if n > best:
-                groups.setdefault(tuple(histories[i]) if i in start else i, []).append(i)
+                groups.setdefault(same[i], []).append(i)
         return [(rows, new_tokens[rows[0]][: lengths[rows[0]] - best]) for rows in groups.values()]
 
     def _row_bucket(self, rows: int) -> int:
@@ -357,7 +357,6 @@ class JaxSampler:
             mask[0, width - len(piece):] = True
             self._cache = _prefill_apart(self.graphdef, self.state, self._cache, jnp.int32(rows[0]),
                                          jnp.asarray(ids), jnp.asarray(mask), targets)
-            self.prefill_columns += width
 
     def _targets(self, rows: Sequence[int]) -> jax.Array:
         """`rows` as a fixed-size index vector (max_batch entries, the rest out of range: dropped)."""
@@ -390,7 +389,6 @@ class JaxSampler:
                 ids[i, width - len(piece):] = piece  # left padding: the last column is the newest token
                 mask[i, width - len(piece):] = True
             step_logits, cache = prefill(self.graphdef, self.state, cache, jnp.asarray(ids), jnp.asarray(mask))
-            self.prefill_columns += b * width
             got = np.zeros(b, bool)
             got[list(pending)] = True
             logits = jnp.where(jnp.asarray(got)[:, None], step_logits, logits)
@@ -470,8 +468,6 @@ def _prefill_apart(graphdef, state, cache: DecodeCache, source, ids, mask, targe
     one = _map_rows(lambda x: jax.lax.dynamic_slice_in_dim(x, source, 1, axis=0), cache)
     _, one = model.hidden_states(ids, mask, cache=one)
     return _write_rows(cache, targets, one)
-
-
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k"), donate_argnums=(2,))
