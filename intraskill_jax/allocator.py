@@ -24,6 +24,7 @@ start as they would have.
 from __future__ import annotations
 
 import ctypes.util
+import gc
 import os
 import sys
 
@@ -112,9 +113,13 @@ def ensure() -> None:
 
 
 def release_free_memory() -> None:
-    """Hands the memory the allocator holds free back to the system (tcmalloc's page heap, glibc's
-    trimmable top): after a stage whose peak the next one does not need (the warm start before
-    the co-evolution loop), so the next one's allocations do not stack on top of a cache."""
+    """Frees what only reference cycles still hold (a finished stage's objects: the co-evolution
+    loop and its learner refer to each other, so its model, optimizer state and sampler cache
+    outlive it until Python's cyclic collector happens to run), then hands the memory the allocator
+    holds free back to the system (tcmalloc's page heap, glibc's trimmable top). Called after a
+    stage whose peak the next one does not need (the warm start before the loop, the loop before the
+    evaluation), so the next one's allocations do not stack on top of it."""
+    gc.collect()
     libc = ctypes.CDLL(None)
     name = active()
     if name == "tcmalloc" and hasattr(libc, "MallocExtension_ReleaseFreeMemory"):

@@ -22,7 +22,6 @@ never from state that a kill would lose.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import logging
 import math
@@ -116,7 +115,6 @@ class Coevolution:
         # The warm start's programs and freed buffers go before the loop's model, sampler cache and
         # update allocate theirs, not on top of them (SmolLM2's first timed run, before remat, was
         # OOM-killed 20 s into the loop with 24 GB resident).
-        gc.collect()
         jax.clear_caches()
         allocator.release_free_memory()
         return cls(config, workdir, policy_path, world=world, progress=progress, mesh=mesh, engine=engine)

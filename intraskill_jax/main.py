@@ -104,6 +104,8 @@ def _train(config, workdir, progress):
         bank = run.run()
     finally:
         run.close()
+        del run  # the loop's model, optimizer state and sampler cache go before the evaluation's come
+        allocator.release_free_memory()
     progress.write(f"trained policy: {rundir.final_policy_dir(workdir)}; final skill: {bank.name} ({len(bank.active)} chunks)")
 
 

@@ -1,9 +1,13 @@
 """The host allocator: a program re-executes itself once with tcmalloc preloaded, same PID, and
-hands its children the environment it was started with."""
+hands its children the environment it was started with; a finished training loop is freed before
+the next stage."""
 
+import gc
 import os
 import subprocess
 import sys
+import types
+import weakref
 
 import pytest
 
@@ -74,3 +78,38 @@ def test_a_bad_choice_is_one_clear_error():
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 1
     assert "INTRASKILL_ALLOCATOR='tcmaloc': expected one of auto, tcmalloc, jemalloc, system" in done.stderr
+
+
+class _Loop:
+    """A finished training loop as `Coevolution` is one: it and its learner refer to each other."""
+
+    def __init__(self):
+        self.learner = types.SimpleNamespace(on_step=self.run)
+
+    def run(self):
+        return types.SimpleNamespace(name="round_1", active=[])
+
+    def close(self):
+        pass
+
+
+def test_training_frees_its_loop_before_returning(monkeypatch, tmp_path):
+    """`intraskill train` / `quickstart`: the loop (its model, optimizer state and sampler cache in a
+    real run) is gone when training returns, before the evaluation allocates its own; a reference
+    cycle alone would keep it until Python's cyclic collector happened to run."""
+    from intraskill_jax import coevolve, main
+
+    started = []
+
+    def start(*args, **kwargs):
+        loop = _Loop()
+        started.append(weakref.ref(loop))
+        return loop
+
+    monkeypatch.setattr(coevolve.Coevolution, "start", start)
+    gc.disable()  # the collector running on its own would hide a missing collection
+    try:
+        main._train(None, tmp_path, types.SimpleNamespace(write=lambda text: None))
+        assert started and started[0]() is None
+    finally:
+        gc.enable()
