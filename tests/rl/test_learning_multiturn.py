@@ -35,8 +35,8 @@ MULTI = Setting(make_env=SignalEnv, sampling=SamplingParams(temperature=0.7, max
 # 0.66 -> 0.69 / 0.75 / 0.82 / 0.84 / 0.87 / 0.91 / 0.91 / 0.92: +0.23 to +0.27 at step 8, a plateau
 # near 0.9 (so an absolute floor there fails on noise: the earlier 0.9 floor at 6 steps failed at
 # 0.88 after a reinstall). The 128 held-out episodes have a standard error near 0.03, so the +0.15
-# bar sits nearly three of them below the weakest seed's +0.23. At 2.5e-4 and 5e-4 one seed in two once lost its
-# reply format in a single update after step 9 (0.95 -> 0.00), so the run stops before.
+# bar sits nearly three of them below the weakest seed's +0.23. At 2.5e-4 and 5e-4 one seed in two
+# once lost its reply format in a single update after step 9 (0.95 -> 0.00), so the run stops before.
 STEPS = 8
 DEMO_ACCURACY = 0.75
 
