@@ -84,14 +84,19 @@ class Linear(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(self.dtype)
-        w, spec = (self.weight[...], "...i,oi->...o") if self.weight_t is None else (self.weight_t[...], "...i,io->...o")
+        # Products on [tokens, features]: with the leading axes flattened first, XLA:CPU's gradients
+        # transpose a 2-D activation (a tiled copy) instead of looping over a fused 3-D one
+        # (1.6x on SmolLM2's MLP forward + backward).
+        rows = x.reshape(-1, x.shape[-1])
+        w, contract = (self.weight[...], 1) if self.weight_t is None else (self.weight_t[...], 0)
         dt = matmul_dtype(self.dtype, w.dtype)
-        y = jnp.einsum(spec, x.astype(dt), w.astype(dt), preferred_element_type=self.dtype)
+        y = jax.lax.dot_general(rows.astype(dt), w.astype(dt), (((1,), (contract,)), ((), ())),
+                                preferred_element_type=self.dtype)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         if self.lora is not None:
-            y = y + self.lora_scale * self.lora(x)
-        return y
+            y = y + self.lora_scale * self.lora(rows)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 class Embedding(nnx.Module):
@@ -242,13 +247,25 @@ def blocked_causal_attention(
     keys [0, end of block i): the masked upper triangle is never computed (half the work of a
     full [T, T] score matrix) and each block's scores stay small. XLA's fused attention kernels
     on GPU/TPU do better; this is for backends without one (CPU), where it is ~3x faster.
+
+    Heads lead, once for all blocks: each block is then two products batched over (B, KV) with a
+    KV head's query heads and the block's positions as one row axis, which XLA:CPU runs (and
+    differentiates) without a transpose per block.
     """
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    g = h // kvh
+    qh = q.reshape(b, t, kvh, g, d).transpose(0, 2, 1, 3, 4)  # [B, KV, T, G, D]
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, T, D]
     outs = []
-    for start in range(0, q.shape[1], block_size):
-        end = min(start + block_size, q.shape[1])
-        mask = attention_mask(jnp.arange(start, end), key_valid[:, :end])[:, :, None]
-        outs.append(_grouped_attention(q[:, start:end], k[:, :end], v[:, :end], mask, scale=scale))
-    return jnp.concatenate(outs, axis=1)
+    for start in range(0, t, block_size):
+        end = min(start + block_size, t)
+        rows = qh[:, :, start:end].reshape(b, kvh, (end - start) * g, d)
+        scores = jnp.einsum("bkqd,bksd->bkqs", rows, kh[:, :, :end]).astype(jnp.float32) * scale
+        mask = jnp.repeat(attention_mask(jnp.arange(start, end), key_valid[:, :end]), g, axis=2)  # [B, 1, rows, S]
+        probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+        outs.append(jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), vh[:, :, :end]).reshape(b, kvh, end - start, g, d))
+    return jnp.concatenate(outs, axis=2).transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
 
 
 # One cache block's scores for the rows a prefill onto the cache computes at once stay within this

@@ -167,8 +167,8 @@ def test_minimal_remat_keeps_the_projections_and_recomputes_attention_scores(cap
     def scores(shapes):
         return [s for s in shapes if s.count(length) >= 2]
 
-    def mlp(shapes):
-        return [s for s in shapes if s[-1:] == (config.intermediate_size,) and length in s]
+    def mlp(shapes):  # a product's output, its [2, T] token axes flattened (`layers.Linear`) or not
+        return [s for s in shapes if s[-1:] == (config.intermediate_size,) and (length in s or 2 * length in s)]
 
     saved = {remat: _saved_residual_shapes(m, ids, capsys) for remat, m in models.items()}
     assert scores(saved["none"]) and scores(saved["dots_saveable"])
