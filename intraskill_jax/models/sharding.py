@@ -186,6 +186,18 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
 
 
+def single_device() -> bool:
+    """Whether the program being traced runs on one device (no mesh context, or a mesh of one).
+
+    Layout choices made for XLA:CPU's single-device speed (`layers.Linear`,
+    `layers.blocked_causal_attention`) apply only there: on a mesh they would let the partitioner
+    split contracted axes across devices, and a run over several processes would no longer sum in
+    the order one process does (tests/test_distributed.py compares their exports byte for byte).
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh.empty or all(n == 1 for n in mesh.shape.values())
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
     """Sharding constraint on an activation by logical axes; a no-op outside a mesh context.
 
