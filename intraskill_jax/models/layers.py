@@ -248,9 +248,9 @@ def blocked_causal_attention(
     full [T, T] score matrix) and each block's scores stay small. XLA's fused attention kernels
     on GPU/TPU do better; this is for backends without one (CPU), where it is ~3x faster.
 
-    On one device heads lead, once for all blocks: each block is then two products batched over (B, KV) with a
-    KV head's query heads and the block's positions as one row axis, which XLA:CPU runs (and
-    differentiates) without a transpose per block.
+    On one device the heads lead, once for all blocks: each block is then two products batched over
+    (B, KV) with a KV head's query heads and the block's positions as one row axis, which XLA:CPU
+    runs (and differentiates) without a transpose per block.
     """
     if not sharding.single_device():  # the per-block grouped form, which partitions as before
         outs = []
