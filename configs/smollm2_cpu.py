@@ -11,10 +11,10 @@ co-evolution rounds of GRPO with LoRA follow, each closed by the gate; the four 
 evaluated on the same test tasks, and the zero-shot model (no warm start) bare and with S0 beside
 them.
 
-From a fresh clone on two cores (2026-12-05, a75edcb, glibc malloc) it took 1:25:48, within its
-90-minute target (the gates 14:46, the evaluation 37:16). The warm start solved 38 of 100 test tasks
-bare and 35 with S0; the trained policy 42 bare (+4.0 points [-4.0, +13.0]) and 48 with its final
-6-chunk bank (+13.0 [+7.0, +21.0] over the warm start with S0); the zero-shot model solved none.
+From a fresh clone on two cores (2026-12-05, af4bbff, tcmalloc) it took 1:25:17, within its
+90-minute target (the warm start 7:31, the gates 15:51, the evaluation 42:42). The warm start solved
+38 of 100 test tasks bare and 40 with S0; the trained policy 41 bare (+3.0 points [-5.0, +12.0]);
+neither gate had the evidence to change the bank; the zero-shot model solved none.
 docs/smollm2.md has the stage times, the results and why each setting below was chosen.
 """
 
@@ -77,8 +77,8 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.warm_start.sft.lora.enabled = True
     c.warm_start.sft.lora.rank = 16
     c.warm_start.sft.lora.alpha = 32.0
-    # Two rounds of one step each, no retries: what the 90 minutes leave once the warm start (14),
-    # the two gates (~15) and the evaluation (~37) are paid (docs/smollm2.md, Choices). The update's
+    # Two rounds of one step each, no retries: what the 90 minutes leave once the warm start (~8),
+    # the two gates (~16) and the evaluation (~43) are paid (docs/smollm2.md, Choices). The update's
     # 2.1x (a66abea) pays for groups of 6 instead of 4: more groups with a reward spread admitted.
     c.train.rounds = 2
     c.train.gate_every = 1

@@ -20,6 +20,15 @@ sampled tokens only), the two alternating call by call.
 `--size smollm2` plays with SmolLM2-135M-Instruct's own tokenizer and chat template (fetched by
 `intraskill fetch-model` on first use) and its whole 49,152-token vocabulary; the weights stay
 random, so every episode still runs its full turn budget.
+
+Real episodes need a policy that shops: `--model-path` loads both sides from an HF checkpoint (a
+run's trained export, or anything `policy.path` takes) and `--config` plays the shop and the agent
+loop of that run config (its catalog, pages, observation limits, sampler buckets and the policy
+section's kernels and remat, which `--kernels` then leaves alone; `--turns` turns at most, float32
+weights on both sides so that greedy episodes stay equal):
+
+    python -m intraskill_jax.bench.rollout --json --config configs/smollm2_cpu.py \
+        --model-path runs/smollm2-cpu/hf/final --episodes 4 --turns 10 --new-tokens 64
 """
 
 from __future__ import annotations
@@ -133,28 +142,53 @@ def update_tokens_per_s(model: nnx.Module, trajs: Sequence[Trajectory], pad_id: 
             "update_compact_targets": batches[True].targets.shape[1]}
 
 
-def _setup(episodes: int, turns: int, new_tokens: int, size: str, kernels: str):
-    world = build_world(SimConfig(catalog=CatalogConfig(num_products=2400),
-                                  splits=SplitConfig(num_test=100, num_validation=50)))
-    texts = [world.catalog[i].title for i in range(0, len(world.catalog), 2)]
-    texts += [world.catalog.tasks[i].instruction for i in range(0, len(world.catalog), 5)]
-    cfg = SIZES[size][0]()
-    family = get_family(cfg.family)
-    agent = AgentConfig(tool_format=family.tool_format, max_turns=turns, max_context_tokens=32768,
-                        max_observation_chars=2000)
-    if size == "smollm2":  # the checkpoint's own tokenizer and ChatML template, its whole vocabulary
-        from intraskill_jax.models.acquire import fetch_model
+def _setup(episodes: int, turns: int, new_tokens: int, size: str, kernels: str, model_path: str | None = None,
+           config_path: str | None = None):
+    """(world, tokenizer, model, sampling, agent config, task ids, sampler config): random weights
+    of `size` on the bench's small shop, or the checkpoint at `model_path` on `config_path`'s shop."""
+    if config_path:
+        from intraskill_jax import runconfig
+
+        run = runconfig.load_file(config_path)
+        world = build_world(run.sim)
+        agent = dataclasses.replace(run.agent, max_turns=turns)
+        sampler = dataclasses.replace(run.rollout.sampler, max_batch=episodes, weight_dtype="auto",
+                                      decode_buckets=(new_tokens,))
+        overrides = run.policy.model_overrides()  # its kernels and remat (the update's memory)
+    else:
+        world = build_world(SimConfig(catalog=CatalogConfig(num_products=2400),
+                                      splits=SplitConfig(num_test=100, num_validation=50)))
+        agent = AgentConfig(max_turns=turns, max_context_tokens=32768, max_observation_chars=2000)
+        sampler = sampler_config(episodes, new_tokens)
+        overrides = KERNELS[kernels]
+    if model_path:
+        from intraskill_jax.models.acquire import resolve_checkpoint
+        from intraskill_jax.models.params import checkpoint_family, load_pretrained
         from intraskill_jax.policy import load_tokenizer
 
-        agent = dataclasses.replace(agent, tool_preamble="compact")  # as configs/smollm2_cpu.py writes the tools
-        tok = load_tokenizer(fetch_model("smollm2-135m-instruct"), agent)
-        cfg = dataclasses.replace(cfg, pad_token_id=tok.pad_token_id, **KERNELS[kernels])
+        path = resolve_checkpoint(model_path)
+        agent = dataclasses.replace(agent, tool_format=checkpoint_family(path).tool_format)
+        tok = load_tokenizer(path, agent)
+        model = load_pretrained(path, dtype="float32", **overrides)
     else:
-        tok = train_tokenizer(texts, vocab_size=4096, tool_format=family.tool_format)
-        cfg = dataclasses.replace(cfg, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **KERNELS[kernels])
-    model = family.model_class(cfg, rngs=nnx.Rngs(0))
+        cfg = SIZES[size][0]()
+        family = get_family(cfg.family)
+        agent = dataclasses.replace(agent, tool_format=family.tool_format)
+        if size == "smollm2":  # the checkpoint's own tokenizer and ChatML template, its whole vocabulary
+            from intraskill_jax.models.acquire import fetch_model
+            from intraskill_jax.policy import load_tokenizer
+
+            agent = dataclasses.replace(agent, tool_preamble="compact")  # as configs/smollm2_cpu.py writes the tools
+            tok = load_tokenizer(fetch_model("smollm2-135m-instruct"), agent)
+            cfg = dataclasses.replace(cfg, pad_token_id=tok.pad_token_id, **overrides)
+        else:
+            texts = [world.catalog[i].title for i in range(0, len(world.catalog), 2)]
+            texts += [world.catalog.tasks[i].instruction for i in range(0, len(world.catalog), 5)]
+            tok = train_tokenizer(texts, vocab_size=4096, tool_format=family.tool_format)
+            cfg = dataclasses.replace(cfg, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **overrides)
+        model = family.model_class(cfg, rngs=nnx.Rngs(0))
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(tok.convert_tokens_to_ids(IM_END),))
-    return world, tok, model, sampling, agent, [int(t) for t in world.splits.test[:episodes]]
+    return world, tok, model, sampling, agent, [int(t) for t in world.splits.test[:episodes]], sampler
 
 
 def sampler_config(episodes: int, new_tokens: int) -> SamplerConfig:
@@ -167,12 +201,14 @@ def sampler_config(episodes: int, new_tokens: int) -> SamplerConfig:
 
 
 def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "small", rounds: int = 2,
-        update_repeats: int = 3, kernels: str = "cpu") -> dict[str, Any]:
+        update_repeats: int = 3, kernels: str = "cpu", model_path: str | None = None,
+        config_path: str | None = None) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    world, tok, model, sampling, agent, tasks = _setup(episodes, turns, new_tokens, size, kernels)
-    ours = JaxSampler(model, sampler_config(episodes, new_tokens))
+    world, tok, model, sampling, agent, tasks, sampler = _setup(episodes, turns, new_tokens, size, kernels,
+                                                                model_path, config_path)
+    ours = JaxSampler(model, sampler)
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(model, d)
         ref_model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
@@ -194,7 +230,8 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     return {
         "device": jax.devices()[0].device_kind,
         "config": {"size": size, "kernels": kernels, "episodes": episodes, "turns": turns, "new_tokens": new_tokens,
-                   "rounds": rounds,
+                   "rounds": rounds, "model_path": str(model_path or ""), "run_config": str(config_path or ""),
+                   "successes": sum(t.success for t in trajs), "successes_ref": sum(t.success for t in trajs_ref),
                    "vocab": len(tok), "hidden": model.config.hidden_size, "layers": model.config.num_hidden_layers,
                    "turns_played": sum(len(t.turns) for t in trajs),
                    "final_tokens_per_episode": statistics.mean(len(t.token_ids) for t in trajs),
@@ -227,13 +264,18 @@ def _define_flags(values: flags.FlagValues) -> None:
                       flag_values=values)
     flags.DEFINE_integer("rounds", 2, "timed rounds per side (the best counts)", flag_values=values)
     flags.DEFINE_integer("update-repeats", 3, "timed GRPO updates (after one warm-up)", flag_values=values)
+    flags.DEFINE_string("model-path", None, "both sides load this checkpoint (any policy.path form) instead of "
+                        "random weights of --size", flag_values=values)
+    flags.DEFINE_string("config", None, "play the shop, agent loop and sampler buckets of this run config",
+                        flag_values=values)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     if argv is None:  # run as a program: the allocator users get (intraskill_jax/allocator.py)
         allocator.ensure()
     args = flagparse.parse("python -m intraskill_jax.bench.rollout", __doc__, _define_flags, argv)
-    result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.update_repeats, args.kernels)
+    result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.update_repeats, args.kernels,
+                 args.model_path, args.config)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

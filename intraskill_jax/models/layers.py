@@ -271,7 +271,8 @@ def blocked_causal_attention(
         scores = jnp.einsum("bkqd,bksd->bkqs", rows, kh[:, :, :end]).astype(jnp.float32) * scale
         mask = jnp.repeat(attention_mask(jnp.arange(start, end), key_valid[:, :end]), g, axis=2)  # [B, 1, rows, S]
         probs = jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
-        outs.append(jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), vh[:, :, :end]).reshape(b, kvh, end - start, g, d))
+        out = jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), vh[:, :, :end])
+        outs.append(out.reshape(b, kvh, end - start, g, d))
     return jnp.concatenate(outs, axis=2).transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
 
 

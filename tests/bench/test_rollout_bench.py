@@ -27,3 +27,24 @@ def test_both_engines_play_the_episodes_and_both_updates_are_timed(monkeypatch: 
     assert result["update_compact_targets"] < length
     for name in ("update", "update_compact"):
         assert result[f"{name}_tokens_per_s"] == pytest.approx(result["update_tokens"] / result[f"{name}_seconds"])
+
+
+def test_a_checkpoint_on_a_run_configs_shop_plays_the_same_episodes_on_both_sides(tmp_path):
+    """`--model-path` with `--config`: both engines load the checkpoint's weights (not random ones)
+    and play the config's shop and agent loop: greedy, the same weights give the same episodes."""
+    from sim.world import build_world
+
+    from tests.runs import SMOKE
+
+    from intraskill_jax import policy, runconfig
+
+    config = runconfig.load_file(SMOKE)
+    base = policy.prepare_policy(config, tmp_path, build_world(config.sim))
+    result = bench.run(episodes=2, turns=2, new_tokens=8, rounds=1, update_repeats=1, model_path=str(base),
+                       config_path=SMOKE)
+    played = result["config"]
+    assert played["model_path"] == str(base) and played["run_config"] == SMOKE
+    assert played["hidden"] == config.policy.init["hidden_size"]
+    assert played["episodes_identical_to_ref"] == 2
+    assert played["successes"] == played["successes_ref"]
+    assert 2 <= played["turns_played"] <= 2 * 2
