@@ -24,11 +24,17 @@ random, so every episode still runs its full turn budget.
 Real episodes need a policy that shops: `--model-path` loads both sides from an HF checkpoint (a
 run's trained export, or anything `policy.path` takes) and `--config` plays the shop and the agent
 loop of that run config (its catalog, pages, observation limits, sampler buckets and the policy
-section's kernels and remat, which `--kernels` then leaves alone; `--turns` turns at most, float32
-weights on both sides so that greedy episodes stay equal):
+section's kernels and remat, which `--kernels` then leaves alone; `--turns` turns at most; float32
+weights on both sides by default, so that greedy episodes stay equal):
 
     python -m intraskill_jax.bench.rollout --json --config configs/smollm2_cpu.py \
         --model-path runs/smollm2-cpu/hf/final --episodes 4 --turns 10 --new-tokens 64
+
+`--sampler-weights bfloat16` gives our side the bfloat16 weight copies the SmolLM2 run samples with
+(`rollout.sampler.weight_dtype`); the reference stays float32, so greedy episodes may part where
+two tokens nearly tie: the JSON counts the turns and tokens each side played, the work compared.
+`--update-repeats 0` leaves the update out (at 16 or more episodes it needs more memory than the
+rollouts).
 """
 
 from __future__ import annotations
@@ -143,7 +149,7 @@ def update_tokens_per_s(model: nnx.Module, trajs: Sequence[Trajectory], pad_id: 
 
 
 def _setup(episodes: int, turns: int, new_tokens: int, size: str, kernels: str, model_path: str | None = None,
-           config_path: str | None = None):
+           config_path: str | None = None, sampler_weights: str = "auto"):
     """(world, tokenizer, model, sampling, agent config, task ids, sampler config): random weights
     of `size` on the bench's small shop, or the checkpoint at `model_path` on `config_path`'s shop."""
     if config_path:
@@ -152,14 +158,14 @@ def _setup(episodes: int, turns: int, new_tokens: int, size: str, kernels: str, 
         run = runconfig.load_file(config_path)
         world = build_world(run.sim)
         agent = dataclasses.replace(run.agent, max_turns=turns)
-        sampler = dataclasses.replace(run.rollout.sampler, max_batch=episodes, weight_dtype="auto",
+        sampler = dataclasses.replace(run.rollout.sampler, max_batch=episodes, weight_dtype=sampler_weights,
                                       decode_buckets=(new_tokens,))
         overrides = run.policy.model_overrides()  # its kernels and remat (the update's memory)
     else:
         world = build_world(SimConfig(catalog=CatalogConfig(num_products=2400),
                                       splits=SplitConfig(num_test=100, num_validation=50)))
         agent = AgentConfig(max_turns=turns, max_context_tokens=32768, max_observation_chars=2000)
-        sampler = sampler_config(episodes, new_tokens)
+        sampler = dataclasses.replace(sampler_config(episodes, new_tokens), weight_dtype=sampler_weights)
         overrides = KERNELS[kernels]
     if model_path:
         from intraskill_jax.models.acquire import resolve_checkpoint
@@ -202,12 +208,12 @@ def sampler_config(episodes: int, new_tokens: int) -> SamplerConfig:
 
 def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "small", rounds: int = 2,
         update_repeats: int = 3, kernels: str = "cpu", model_path: str | None = None,
-        config_path: str | None = None) -> dict[str, Any]:
+        config_path: str | None = None, sampler_weights: str = "auto") -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
     world, tok, model, sampling, agent, tasks, sampler = _setup(episodes, turns, new_tokens, size, kernels,
-                                                                model_path, config_path)
+                                                                model_path, config_path, sampler_weights)
     ours = JaxSampler(model, sampler)
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(model, d)
@@ -226,14 +232,17 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     (s, cpu, trajs), (s_ref, cpu_ref, trajs_ref) = min(runs, key=lambda x: x[0]), min(runs_ref, key=lambda x: x[0])
     load_after = os.getloadavg()[0]
     gen, gen_ref = sum(t.generated_tokens for t in trajs), sum(t.generated_tokens for t in trajs_ref)
-    update = update_tokens_per_s(model, trajs, tok.pad_token_id, update_repeats)
+    update = update_tokens_per_s(model, trajs, tok.pad_token_id, update_repeats) if update_repeats else {}
     return {
         "device": jax.devices()[0].device_kind,
         "config": {"size": size, "kernels": kernels, "episodes": episodes, "turns": turns, "new_tokens": new_tokens,
                    "rounds": rounds, "model_path": str(model_path or ""), "run_config": str(config_path or ""),
+                   "sampler_weights": sampler_weights,
                    "successes": sum(t.success for t in trajs), "successes_ref": sum(t.success for t in trajs_ref),
                    "vocab": len(tok), "hidden": model.config.hidden_size, "layers": model.config.num_hidden_layers,
                    "turns_played": sum(len(t.turns) for t in trajs),
+                   "turns_played_ref": sum(len(t.turns) for t in trajs_ref),
+                   "generated_tokens": gen, "generated_tokens_ref": gen_ref,
                    "final_tokens_per_episode": statistics.mean(len(t.token_ids) for t in trajs),
                    # Greedy on both sides: equal histories mean equal work (fp32 near-ties may differ).
                    "episodes_identical_to_ref": sum(a.token_ids == b.token_ids for a, b in zip(trajs, trajs_ref)),
@@ -263,11 +272,15 @@ def _define_flags(values: flags.FlagValues) -> None:
     flags.DEFINE_enum("kernels", "cpu", sorted(KERNELS), "our kernel set (intraskill_jax.bench.model)",
                       flag_values=values)
     flags.DEFINE_integer("rounds", 2, "timed rounds per side (the best counts)", flag_values=values)
-    flags.DEFINE_integer("update-repeats", 3, "timed GRPO updates (after one warm-up)", flag_values=values)
+    flags.DEFINE_integer("update-repeats", 3, "timed GRPO updates (after one warm-up); 0: none", flag_values=values)
     flags.DEFINE_string("model-path", None, "both sides load this checkpoint (any policy.path form) instead of "
                         "random weights of --size", flag_values=values)
     flags.DEFINE_string("config", None, "play the shop, agent loop and sampler buckets of this run config",
                         flag_values=values)
+    flags.DEFINE_enum("sampler-weights", "auto", ["auto", "bfloat16"],
+                      "our sampler's weights: the model's own (auto, as the reference's) or bfloat16 copies, as "
+                      "the SmolLM2 run samples (greedy episodes then free to part from the reference's)",
+                      flag_values=values)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -275,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         allocator.ensure()
     args = flagparse.parse("python -m intraskill_jax.bench.rollout", __doc__, _define_flags, argv)
     result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.update_repeats, args.kernels,
-                 args.model_path, args.config)
+                 args.model_path, args.config, args.sampler_weights)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

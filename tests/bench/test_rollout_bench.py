@@ -9,16 +9,22 @@ from intraskill_jax.bench import rollout as bench
 from intraskill_jax.models import ModelConfig
 
 
-def test_both_engines_play_the_episodes_and_both_updates_are_timed(monkeypatch: pytest.MonkeyPatch):
+@pytest.fixture
+def micro_size(monkeypatch: pytest.MonkeyPatch) -> str:
     micro = lambda: ModelConfig.tiny_qwen3_5(  # noqa: E731
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, layer_types=("linear_attention", "full_attention"),
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
         linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, tie_word_embeddings=True)
     monkeypatch.setitem(model_bench.SIZES, "micro", (micro, None))
-    result = bench.run(episodes=2, turns=2, new_tokens=4, size="micro", rounds=1, update_repeats=1)
+    return "micro"
+
+
+def test_both_engines_play_the_episodes_and_both_updates_are_timed(micro_size: str):
+    result = bench.run(episodes=2, turns=2, new_tokens=4, size=micro_size, rounds=1, update_repeats=1)
     config = result["config"]
     # Random weights never stop early: every episode plays its whole turn budget on both sides.
-    assert config["turns_played"] == 2 * 2
+    assert config["turns_played"] == config["turns_played_ref"] == 2 * 2
+    assert config["sampler_weights"] == "auto"
     assert len(result["seconds_all"]) == len(result["seconds_all_ref"]) == 1
     assert result["speedup"] == pytest.approx(result["episodes_per_s"] / result["episodes_per_s_ref"])
     # The compact batch keeps the sampled targets only: at least the trained tokens, at most the row.
@@ -27,6 +33,18 @@ def test_both_engines_play_the_episodes_and_both_updates_are_timed(monkeypatch: 
     assert result["update_compact_targets"] < length
     for name in ("update", "update_compact"):
         assert result[f"{name}_tokens_per_s"] == pytest.approx(result["update_tokens"] / result[f"{name}_seconds"])
+
+
+def test_a_bfloat16_sampler_against_the_float32_reference_without_the_update(micro_size: str):
+    """`--sampler-weights bfloat16` gives our side bfloat16 weight copies (as the SmolLM2 run samples)
+    and `--update-repeats 0` leaves the update out; the work both sides did is in the JSON."""
+    result = bench.run(episodes=2, turns=2, new_tokens=4, size=micro_size, rounds=1, update_repeats=0,
+                       sampler_weights="bfloat16")
+    config = result["config"]
+    assert config["sampler_weights"] == "bfloat16"
+    assert config["turns_played"] == config["turns_played_ref"] == 2 * 2
+    assert 0 < config["generated_tokens"] <= 2 * 2 * 4 and 0 < config["generated_tokens_ref"] <= 2 * 2 * 4
+    assert not any(name.startswith("update") for name in result)
 
 
 def test_a_checkpoint_on_a_run_configs_shop_plays_the_same_episodes_on_both_sides(tmp_path):
