@@ -40,7 +40,7 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.name = "smollm2-cpu"
     c.policy.path = "smollm2-135m-instruct"
     c.policy.attention_block_size = 128
-    c.policy.cache_block_size = 512
+    c.policy.cache_block_size = 256
     c.policy.transpose_decode_weights = True
     # The update's backward keeps each layer's attention scores without remat: 92 GB of
     # temporaries at 4 x 3,072 tokens. Full remat keeps one layer's; the scan compiles one layer.

@@ -1,5 +1,8 @@
 """Attention over a decode cache read in blocks against a NumPy masked-softmax reference."""
 
+import contextlib
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -30,12 +33,14 @@ def reference(q, k, v, query_slots, key_valid, scale):
 @pytest.mark.parametrize("block_size", [8, 16, 64])
 @pytest.mark.parametrize("longest", [12, 39])
 @pytest.mark.parametrize("group_rows", [None, 1, 2])
-def test_blocked_cache_attention_matches_reference(t, block_size, longest, group_rows):
+@pytest.mark.parametrize("devices", [1, 2])
+def test_blocked_cache_attention_matches_reference(t, block_size, longest, group_rows, devices):
     """Rows at different lengths (one idle: all its queries padding), holes in the valid slots, a
     cache of 40 slots that blocks of 16 do not divide (the last block overhangs), blocks larger
     than the cache; the longest row short (a decode step loops over blocks) or near the end of the
     cache (a decode step reads it in one pass); several new tokens per row taken all rows at once,
-    one row or two rows at a time (each group reading its own rows' blocks in use)."""
+    one row or two rows at a time (each group reading its own rows' blocks in use). On one device
+    the head-major form, inside a mesh of two the per-block grouped one."""
     rng = np.random.default_rng(0)
     b, h, kvh, d, s = 4, 4, 2, 8, 40
     q = rng.normal(size=(b, t, h, d)).astype(np.float32)
@@ -48,10 +53,30 @@ def test_blocked_cache_attention_matches_reference(t, block_size, longest, group
     key_valid = np.arange(s)[None] < (lengths + t)[:, None]
     key_valid[2, 1:4] = False  # slots of padding never written
     key_valid[3] = False
-    got = np.asarray(cached_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(query_slots),
-                                      jnp.asarray(key_valid), block_size=block_size, scale=d**-0.5,
-                                      score_bytes=group_rows and group_rows * h * t * min(block_size, s) * 4))
+    mesh = jax.make_mesh((devices,), ("data",), devices=jax.devices()[:devices])
+    with jax.set_mesh(mesh) if devices > 1 else contextlib.nullcontext():
+        got = np.asarray(cached_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(query_slots),
+                                          jnp.asarray(key_valid), block_size=block_size, scale=d**-0.5,
+                                          score_bytes=group_rows and group_rows * h * t * min(block_size, s) * 4))
     want = reference(q, k, v, query_slots, key_valid, d**-0.5)
     real = ~np.isnan(want)
     assert real.sum() == h * d * (3 * t - 1) and np.isfinite(got).all()
     np.testing.assert_allclose(got[real], want[real], rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_products_over_the_cache_match_the_reference_to_their_precision():
+    """The bfloat16 sampler's pre-fill multiplies queries, keys and probabilities in bfloat16 with
+    float32 accumulation: within bfloat16's rounding of the reference, and not equal to float32's."""
+    rng = np.random.default_rng(1)
+    b, t, h, kvh, d, s = 2, 6, 4, 2, 16, 48
+    q, k, v = (rng.normal(size=shape).astype(np.float32) for shape in ((b, t, h, d), (b, kvh, s, d), (b, kvh, s, d)))
+    lengths = np.array([20, 41])
+    query_slots = lengths[:, None] + np.arange(t)[None]
+    key_valid = np.arange(s)[None] < (lengths + t)[:, None]
+    args = [jnp.asarray(x) for x in (q, k, v, query_slots, key_valid)]
+    want = reference(q, k, v, query_slots, key_valid, d**-0.5)
+    f32 = np.asarray(cached_attention(*args, block_size=16, scale=d**-0.5))
+    bf16 = np.asarray(cached_attention(*args, block_size=16, scale=d**-0.5, product_dtype=jnp.bfloat16))
+    np.testing.assert_allclose(f32, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bf16, want, rtol=0, atol=3e-2)
+    assert np.abs(bf16 - want).max() > 1e-4  # the products did run in bfloat16
