@@ -300,7 +300,8 @@ def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots
     `CACHE_BLOCK_SCORE_BYTES`), each group reading only its own rows' blocks in use. At the
     quickstart's turn shapes (CPU; 32 rows of 128 queries over 1,024 of 2,048 slots, blocks of 512)
     all rows at once wrote 34 MB of scores per block, which each pass of the softmax read back from
-    memory: 72 ms; four rows at a time, 40 ms.
+    memory: 72 ms; four rows at a time, 40 ms. On one device such a call runs head-major, its
+    products in `product_dtype` (`_head_major_cache_attention`); a decode step's stay float32.
     """
 
     def whole():
@@ -407,7 +408,9 @@ def _head_major_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, 
     straight from the cache, which already holds them head-major. The 5-D per-block products of
     `_blocked_cache_attention`, with each group's rows copied out of the cache first, ran a turn's
     pre-fill of SmolLM2 (32 rows x 128 new tokens over ~1,300 of 2,048 slots) in 9.9 s; this in 6.0 s
-    (blocks of 256), nearly all of it the products.
+    (blocks of 256), nearly all of it the products, and in 5.6 s with `product_dtype` bfloat16 (the
+    queries, keys, values and probabilities rounded for the products, float32 accumulation and
+    softmax): each key is read by T x G queries, so converting a block costs little.
     """
     b, t, h, d = q.shape
     kvh, s = key.shape[1], key.shape[2]
@@ -426,7 +429,8 @@ def _head_major_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, 
 
         def body(i, carry):
             m, l, acc = carry
-            start = jnp.minimum(i * block_size, s - block_size)  # an overhanging last block: see below
+            # An overhanging last block reads the final `block_size` slots; those counted before are masked.
+            start = jnp.minimum(i * block_size, s - block_size)
             k = jax.lax.dynamic_slice(key, (first, 0, start, 0), (rows, kvh, block_size, d))
             v = jax.lax.dynamic_slice(value, (first, 0, start, 0), (rows, kvh, block_size, d))
             valid = jax.lax.dynamic_slice(key_valid, (first, start), (rows, block_size))
