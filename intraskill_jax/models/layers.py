@@ -10,6 +10,8 @@ parameter carries logical axis names (`out_sharding` metadata) from this vocabul
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -351,6 +353,34 @@ def _blocks_in_use(query_slots: jax.Array, s: int, block_size: int) -> jax.Array
     return (live + block_size - 1) // block_size
 
 
+def _block_bias(i: jax.Array, start: jax.Array, block_size: int, query_slots: jax.Array,
+                valid: jax.Array) -> jax.Array:
+    """The additive mask [B, T, block] of cache block `i`, read from slot `start` (before i * block_size
+    where the last block overhangs the cache: the slots an earlier block counted are masked).
+
+    Masked slots get the lowest float added (XLA:CPU fuses the addition into the product; selecting
+    instead materialised the block's scores once more, ~1.4x slower at the quickstart's turn
+    shapes). A real query holds slot 0 of its row, so block 0 gives it a finite maximum and every
+    masked slot then weighs exp(~-3e38) = 0; a padding query, with no slot at all, weighs every slot
+    alike and stays finite."""
+    slots = start + jnp.arange(block_size)
+    mask = ((slots >= i * block_size)[None, None, :] & (slots[None, None, :] <= query_slots[:, :, None])
+            & valid[:, None, :])
+    return jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)
+
+
+def _online_softmax(carry: tuple[jax.Array, jax.Array, jax.Array], scores: jax.Array,
+                    weigh: Callable[[jax.Array], jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One block of an online softmax: (running max, normaliser, weighted values) updated with the
+    block's `scores` [..., block]; `weigh(p)` is the block's values weighted by its unnormalised
+    probabilities."""
+    m, l, acc = carry
+    m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
+    p = jnp.exp(scores - m_new[..., None])
+    corr = jnp.exp(m - m_new)
+    return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + weigh(p)
+
+
 def _blocked_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots: jax.Array,
                              key_valid: jax.Array, num_blocks: jax.Array, *, block_size: int,
                              scale: float) -> jax.Array:
@@ -363,32 +393,18 @@ def _blocked_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, que
     neg = jnp.finfo(jnp.float32).min
 
     def body(i, carry):
-        m, l, acc = carry
         # The last block may overhang the cache: read the final `block_size` slots instead and
         # mask those an earlier block already counted.
         start = jnp.minimum(i * block_size, s - block_size)
         k = jax.lax.dynamic_slice_in_dim(key, start, block_size, axis=2).astype(jnp.float32)
         v = jax.lax.dynamic_slice_in_dim(value, start, block_size, axis=2).astype(jnp.float32)
         valid = jax.lax.dynamic_slice_in_dim(key_valid, start, block_size, axis=1)
-        slots = start + jnp.arange(block_size)
-        mask = ((slots >= i * block_size)[None, None, :] & (slots[None, None, :] <= query_slots[:, :, None])
-                & valid[:, None, :])  # [B, T, block]
-        # Masked slots get the lowest float added (an additive mask: XLA:CPU fuses it into the
-        # product; selecting instead materialised the block's scores once more, ~1.4x slower at
-        # the quickstart's turn shapes). A real query holds slot 0 of its row, so block 0 gives it a
-        # finite maximum and every masked slot then weighs exp(~-3e38) = 0; a padding query, with
-        # no slot at all, weighs every slot alike and stays finite.
-        bias = jnp.where(mask, 0.0, neg)[:, None, None]  # [B, 1, 1, T, block]
+        bias = _block_bias(i, start, block_size, query_slots, valid)[:, None, None]  # [B, 1, 1, T, block]
         scores = jnp.einsum("btkgd,bksd->bkgts", qg, k) + bias
-        m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
-        p = jnp.exp(scores - m_new[..., None])
-        corr = jnp.exp(m - m_new)
-        l = l * corr + jnp.sum(p, axis=-1)
         if t == 1:
-            pv = jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None], axis=3)[:, :, :, None]
-        else:
-            pv = jnp.einsum("bkgts,bksd->bkgtd", p, v)
-        return m_new, l, acc * corr[..., None] + pv
+            return _online_softmax(carry, scores, lambda p: jnp.sum(p[:, :, :, 0, :, None] * v[:, :, None],
+                                                                    axis=3)[:, :, :, None])
+        return _online_softmax(carry, scores, lambda p: jnp.einsum("bkgts,bksd->bkgtd", p, v))
 
     init = (jnp.full((b, kvh, g, t), neg, jnp.float32), jnp.zeros((b, kvh, g, t), jnp.float32),
             jnp.zeros((b, kvh, g, t, d), jnp.float32))
@@ -428,22 +444,14 @@ def _head_major_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, 
         qr = jax.lax.dynamic_slice_in_dim(qh, first, rows)
 
         def body(i, carry):
-            m, l, acc = carry
             # An overhanging last block reads the final `block_size` slots; those counted before are masked.
             start = jnp.minimum(i * block_size, s - block_size)
             k = jax.lax.dynamic_slice(key, (first, 0, start, 0), (rows, kvh, block_size, d))
             v = jax.lax.dynamic_slice(value, (first, 0, start, 0), (rows, kvh, block_size, d))
             valid = jax.lax.dynamic_slice(key_valid, (first, start), (rows, block_size))
-            slots = start + jnp.arange(block_size)
-            mask = ((slots >= i * block_size)[None, None, :] & (slots[None, None, :] <= slots_in[:, :, None])
-                    & valid[:, None, :])  # [rows, T, block]
-            # The additive mask of `_blocked_cache_attention`, one row per (token, query head).
-            bias = jnp.repeat(jnp.where(mask, 0.0, neg), g, axis=1)[:, None]  # [rows, 1, T*G, block]
-            scores = product("bkqd,bksd->bkqs", qr, k) + bias
-            m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
-            p = jnp.exp(scores - m_new[..., None])
-            corr = jnp.exp(m - m_new)
-            return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + product("bkqs,bksd->bkqd", p, v)
+            bias = jnp.repeat(_block_bias(i, start, block_size, slots_in, valid), g, axis=1)  # one row per query head
+            scores = product("bkqd,bksd->bkqs", qr, k) + bias[:, None]  # [rows, KV, T*G, block]
+            return _online_softmax(carry, scores, lambda p: product("bkqs,bksd->bkqd", p, v))
 
         init = (jnp.full((rows, kvh, t * g), neg, jnp.float32), jnp.zeros((rows, kvh, t * g), jnp.float32),
                 jnp.zeros((rows, kvh, t * g, d), jnp.float32))
