@@ -76,10 +76,13 @@ def _marker() -> tuple[str, str] | None:
 
 
 def active() -> str:
-    """The allocator this process runs with: 'tcmalloc', 'jemalloc', or 'system' (glibc's, or one
-    the caller preloaded itself, which `ensure()` leaves alone)."""
+    """The allocator this process runs with: 'tcmalloc' or 'jemalloc' (preloaded by `ensure()` or
+    by the caller's own LD_PRELOAD, which `ensure()` leaves alone), else 'system' (glibc's)."""
     marker = _marker()
-    return marker[0] if marker else "system"
+    if marker:
+        return marker[0]
+    preload = _caller_preload()
+    return next((name for name, libs in _LIBRARIES.items() if any(lib in preload for lib in libs)), "system")
 
 
 def ensure() -> None:

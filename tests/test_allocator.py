@@ -65,6 +65,18 @@ def test_a_callers_allocator_setting_is_restored_for_children():
     assert out["env"] == ["None 123"]
 
 
+@needs_tcmalloc
+def test_a_callers_own_preload_is_kept_and_reported():
+    """`LD_PRELOAD=libtcmalloc... python -m intraskill_jax.bench...`: no re-execution, and the
+    benchmarks' JSON names the allocator that runs, not 'system'."""
+    library = allocator.find("tcmalloc")
+    out = _probe("auto", LD_PRELOAD=library)
+    assert len(out["pid"]) == 2  # ensure() did not execute the program again
+    assert out["active"] == ["tcmalloc"]
+    assert out["mapped"] == ["True False"]
+    assert out["env"] == [f"{library} None"]
+
+
 def test_system_runs_with_glibc_and_no_reexecution():
     out = _probe("system")
     assert out["active"] == ["system"]
