@@ -8,8 +8,11 @@
 Stages run in any order and may be entered several times (a gate per round); time is charged to
 the innermost open stage. Each stage's remaining time is its remaining units at its own observed
 rate, measured over its updates after the first (which pays for compilation), or, before that, at
-its prior rate scaled by how fast the job has run against its priors so far. Units a resumed run
-skips (`initial`) shorten the remainder without counting as speed.
+its prior rate scaled by how fast the job has run against its priors so far: against the priors of
+its own kind once a stage of that kind has a rate (a model's training and its episodes scale
+differently from the tiny run the priors were measured on), else against all of them. A first unit
+already done bounds that estimate: compilation included, it took no less than a unit will. Units a
+resumed run skips (`initial`) shorten the remainder without counting as speed.
 
 Components take `progress: bool | Progress`; `as_progress(True)` gives a display of its own to a
 component run alone.
@@ -40,6 +43,7 @@ class Planned:
     units: int
     per_unit: float | None = None  # None: unknown until the stage has run two units
     startup: float = 0.0
+    kind: str = ""  # stages whose costs scale together (default: the stage alone)
 
 
 @dataclasses.dataclass
@@ -60,6 +64,17 @@ class _Stage:
 
     def rated_units(self) -> int:
         return 0 if self.first is None else self.ran - self.first[1]
+
+    @property
+    def kind(self) -> str:
+        return self.plan.kind or self.plan.name
+
+    def first_unit_speed(self) -> float | None:
+        """Seconds per unit of the first update(s) over the prior, while no rate is observed: an
+        upper bound on this stage's speed, since those units paid for compilation too."""
+        if self.first is None or self.rate() is not None or not self.plan.per_unit:
+            return None
+        return self.first[0] / (self.first[1] * self.plan.per_unit)
 
 
 def format_seconds(seconds: float) -> str:
@@ -90,20 +105,28 @@ class Progress:
 
     # -- the estimate ----------------------------------------------------------------------------
 
-    def _speed(self) -> float:
-        """Observed / prior seconds over the stages that have a rate (1.0 before any)."""
-        observed = prior = 0.0
-        for s in self._stages.values():
-            r = s.rate()
-            if r is not None and s.plan.per_unit:
-                observed += r * s.rated_units()
-                prior += s.plan.per_unit * s.rated_units()
-        return observed / prior if prior > 0 else 1.0
+    def _speed(self, kind: str) -> float:
+        """Observed / prior seconds for stages of `kind`: over the rated stages of that kind, else
+        over all rated stages (1.0 before any), capped by the first units of that kind."""
+        def ratio(stages: list[_Stage]) -> float | None:
+            observed = prior = 0.0
+            for s in stages:
+                r = s.rate()
+                if r is not None and s.plan.per_unit:
+                    observed += r * s.rated_units()
+                    prior += s.plan.per_unit * s.rated_units()
+            return observed / prior if prior > 0 else None
+
+        same = [s for s in self._stages.values() if s.kind == kind]
+        speed = ratio(same) or ratio(list(self._stages.values())) or 1.0
+        bounds = [b for s in same if (b := s.first_unit_speed()) is not None]
+        return min([speed, *bounds])
 
     def remaining(self) -> float | None:
         """Seconds left in the whole job; None while a stage's cost is still unknown."""
-        speed, left = self._speed(), 0.0
+        left = 0.0
         for s in self._stages.values():
+            speed = self._speed(s.kind)
             units = max(s.total - s.done, 0)
             if units == 0:
                 continue

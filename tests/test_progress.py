@@ -95,3 +95,43 @@ def test_units_completed_in_batches_rate_from_the_second_batch():
     clock.t = 80.0
     bar.update(200)  # 0.1 s per episode
     assert p.remaining() == pytest.approx(400 * 0.1)
+
+
+def after_training_at_30x_its_prior():
+    """A bigger model's job after its training stage, which ran 30x its prior."""
+    p, clock = make([Planned("sft", 3, per_unit=1.0), Planned("steps", 3, per_unit=10.0, kind="episodes"),
+                     Planned("eval", 100, per_unit=1.0, kind="episodes")])
+    with p.stage("sft") as bar:
+        for t in (30.0, 60.0, 90.0):
+            clock.t = t
+            bar.update()
+    return p, clock
+
+
+def test_a_stage_without_a_rate_scales_by_its_own_kind_once_one_is_rated():
+    # Episodes run 10x their priors. Before any episode stage has a rate they scale by the
+    # training's speed; after, by their own kind's.
+    p, clock = after_training_at_30x_its_prior()
+    assert p.remaining() == pytest.approx((3 * 10.0 + 100 * 1.0) * 30.0)
+    steps = p.stage("steps")
+    for t in (190.0, 290.0):  # the first step 100 s (no compilation to speak of), the second 100 s
+        clock.t = t
+        steps.update()
+    assert p.remaining() == pytest.approx(1 * 100.0 + 100 * 1.0 * 10.0)
+    steps.close()
+
+
+def test_a_first_unit_bounds_the_scaled_prior():
+    p, clock = after_training_at_30x_its_prior()
+    steps = p.stage("steps")
+    clock.t = 250.0  # the first step, compilation included: 160 s, where 30x the prior says 300 s
+    steps.update()
+    speed = 160.0 / 10.0
+    assert p.remaining() == pytest.approx(2 * 10.0 * speed + 100 * 1.0 * speed)
+    steps.close()
+    # A first unit slower than the scaled prior (mostly compilation) leaves the prior as it was.
+    q, clock = make([Planned("steps", 3, per_unit=10.0, startup=35.0), Planned("eval", 10, per_unit=1.0)])
+    steps = q.stage("steps")
+    clock.t = 45.0
+    steps.update()
+    assert q.remaining() == pytest.approx(2 * 10.0 + 10 * 1.0)
