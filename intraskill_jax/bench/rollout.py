@@ -277,9 +277,10 @@ def _define_flags(values: flags.FlagValues) -> None:
                         "random weights of --size", flag_values=values)
     flags.DEFINE_string("config", None, "play the shop, agent loop and sampler buckets of this run config",
                         flag_values=values)
-    flags.DEFINE_enum("sampler-weights", "auto", ["auto", "bfloat16"],
-                      "our sampler's weights: the model's own (auto, as the reference's) or bfloat16 copies, as "
-                      "the SmolLM2 run samples (greedy episodes then free to part from the reference's)",
+    flags.DEFINE_enum("sampler-weights", "auto", ["auto", "bfloat16", "bfloat16_if_native"],
+                      "our sampler's weights: the model's own (auto, as the reference's), bfloat16 copies, or "
+                      "bfloat16 copies where this CPU multiplies them natively, as the SmolLM2 run samples "
+                      "(greedy episodes then free to part from the reference's)",
                       flag_values=values)
 
 

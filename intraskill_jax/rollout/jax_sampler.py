@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 from collections.abc import Sequence
 from typing import Literal
@@ -42,6 +43,8 @@ from flax import nnx
 from intraskill_jax.models.cache import AttentionCache, DecodeCache, DeltaNetCache, init_cache
 from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams, WeightUpdate
 from intraskill_jax.rollout.sampling import sample_tokens
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,11 +59,14 @@ class SamplerConfig:
       prefill_buckets: new-token counts per call are padded up to one of these; longer inputs are
         pre-filled in chunks of the largest.
       decode_buckets: decode loops are compiled for these step counts (>= max_new_tokens).
-      weight_dtype: the dtype of the sampler's weights: 'auto' (the policy's own) or 'float32' /
-        'bfloat16'. A bfloat16 sampler of a float32 policy holds bfloat16 copies of the weights
-        (made once per weight version) and multiplies in bfloat16 with float32 accumulation, its
-        activations and cache in the policy's dtype (`models.layers.matmul_dtype`): on a CPU with
-        AVX512-BF16 its products run ~2x faster. Its log-probs then differ slightly from the
+      weight_dtype: the dtype of the sampler's weights: 'auto' (the policy's own), 'float32',
+        'bfloat16', or 'bfloat16_if_native': bfloat16 where this backend multiplies bfloat16 in
+        hardware (an accelerator, or a CPU with AVX512-BF16 or AMX), else the policy's own. A
+        bfloat16 sampler of a float32 policy holds bfloat16 copies of the weights (made once per
+        weight version) and multiplies in bfloat16 with float32 accumulation, its activations and
+        cache in the policy's dtype (`models.layers.matmul_dtype`): on a CPU with AVX512-BF16 and
+        AMX its products run ~2x faster, on one with AVX2 alone slower (the SmolLM2 run's episodes
+        took 1.22x as long on an AMD EPYC with AVX2). Its log-probs then differ slightly from the
         trainer's, which the GRPO loss's truncated importance sampling corrects (`loss.tis_cap`).
       apart_call_cost: what a pre-fill call apart from the turn's batch costs beyond its tokens, in
         token columns: a long new history's head is pre-filled apart only where that saves more.
@@ -73,21 +79,29 @@ class SamplerConfig:
     prefill_buckets: tuple[int, ...] = (32, 128, 512, 2048)
     decode_buckets: tuple[int, ...] = (64, 256, 1024)
     seed: int = 0
-    weight_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    weight_dtype: Literal["auto", "float32", "bfloat16", "bfloat16_if_native"] = "auto"
     apart_call_cost: int = 64
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_length < 2 or self.min_cache_length < 1 or not self.cache_growth > 1:
             raise ValueError("need max_batch >= 1, max_length >= 2, min_cache_length >= 1 and cache_growth > 1, got "
                              f"{self.max_batch}, {self.max_length}, {self.min_cache_length}, {self.cache_growth}")
-        if self.weight_dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"sampler weight_dtype must be 'auto', 'float32' or 'bfloat16', got {self.weight_dtype!r}")
+        if self.weight_dtype not in ("auto", "float32", "bfloat16", "bfloat16_if_native"):
+            raise ValueError("sampler weight_dtype must be 'auto', 'float32', 'bfloat16' or 'bfloat16_if_native', "
+                             f"got {self.weight_dtype!r}")
         if self.apart_call_cost < 0:
             raise ValueError(f"sampler apart_call_cost must be >= 0, got {self.apart_call_cost}")
         for name in ("prefill_buckets", "decode_buckets"):
             b = getattr(self, name)
             if not b or list(b) != sorted(b) or b[0] < 1:
                 raise ValueError(f"{name} must be increasing positive ints, got {b}")
+
+    def sampler_weight_dtype(self) -> str | None:
+        """The dtype the weights are held in (None: the policy's own), `bfloat16_if_native` resolved
+        for this backend."""
+        if self.weight_dtype == "bfloat16_if_native":
+            return "bfloat16" if native_bfloat16_products() else None
+        return None if self.weight_dtype == "auto" else self.weight_dtype
 
     def decode_steps(self, max_new_tokens: int) -> int:
         """Steps of the decode loop compiled for `max_new_tokens`: the smallest bucket holding it."""
@@ -137,8 +151,7 @@ class JaxSampler:
         self.flush()
 
     def _use(self, model: nnx.Module) -> None:
-        weight_dtype = self.config.weight_dtype
-        sampling_model = for_sampling(model, None if weight_dtype == "auto" else weight_dtype)
+        sampling_model = for_sampling(model, self.config.sampler_weight_dtype())
         self.model_config = sampling_model.config  # the cache takes its dtype
         self.graphdef, self.state = nnx.split(sampling_model)
 
@@ -394,6 +407,29 @@ class JaxSampler:
             logits = jnp.where(jnp.asarray(got)[:, None], step_logits, logits)
             pending = {i: t[width:] for i, t in pending.items() if len(t) > width}
         return logits, cache
+
+
+# The x86 flags under which XLA:CPU multiplies bfloat16 in hardware, where its bfloat16 products
+# were measured faster than float32; without them (measured on AVX2) it converts them, slower.
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def native_bfloat16_products(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the default backend multiplies bfloat16 in hardware: any accelerator; a CPU only
+    where `cpuinfo` lists one of `NATIVE_BF16_CPU_FLAGS` (unreadable, e.g. not Linux: no)."""
+    if jax.default_backend() != "cpu":
+        return True
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    native = [flag for flag in NATIVE_BF16_CPU_FLAGS if flag in flags]
+    log.info("bfloat16 products on this CPU: %s", f"in hardware ({', '.join(native)})" if native else
+             f"converted (no {' or '.join(NATIVE_BF16_CPU_FLAGS)} in {cpuinfo}): samplers set to "
+             "'bfloat16_if_native' keep the policy's own weights")
+    return bool(native)
 
 
 def for_sampling(model: nnx.Module, weight_dtype: str | None = None) -> nnx.Module:

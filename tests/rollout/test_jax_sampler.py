@@ -161,6 +161,35 @@ def test_a_sampler_with_bfloat16_weights_samples_as_a_bfloat16_copy_of_the_model
         np.testing.assert_allclose(c.logprobs, exact, atol=0.05)
 
 
+# /proc/cpuinfo's flags lines of the machines the CPU figures were measured on (abridged).
+INTEL_AMX_FLAGS = "fpu vme sse sse2 avx avx2 fma avx512f avx512bw avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8"
+AMD_AVX2_FLAGS = "fpu vme sse sse2 avx avx2 fma sha_ni"
+
+
+@pytest.mark.parametrize("flags, native", [(INTEL_AMX_FLAGS, True), (AMD_AVX2_FLAGS, False),
+                                           ("avx512f avx512_bf16", True), ("", False)])
+def test_native_bfloat16_products_reads_the_cpus_flags(tmp_path, flags, native):
+    from intraskill_jax.rollout.jax_sampler import native_bfloat16_products
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: x\nflags\t\t: {flags}\nbogomips\t: 4890\n\n"
+                       f"processor\t: 1\nflags\t\t: {flags}\n")
+    assert native_bfloat16_products(str(cpuinfo)) is native
+    assert native_bfloat16_products(str(tmp_path / "absent")) is False  # not Linux: the policy's own weights
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bfloat16_if_native_holds_bfloat16_copies_only_where_the_cpu_multiplies_them(model, monkeypatch, native):
+    from intraskill_jax.rollout import jax_sampler
+
+    monkeypatch.setattr(jax_sampler, "native_bfloat16_products", lambda: native)
+    sampler = JaxSampler(model, small(weight_dtype="bfloat16_if_native"))
+    assert (jnp.dtype(jnp.bfloat16) in {v.dtype for v in jax.tree.leaves(sampler.state)}) is native
+    assert jnp.dtype(sampler.model_config.param_dtype) == jnp.dtype(jnp.bfloat16 if native else jnp.float32)
+    with pytest.raises(ValueError, match="bfloat16_if_native"):
+        small(weight_dtype="bf16")
+
+
 def test_logprobs_equal_what_the_trainer_recomputes(model):
     sampler = JaxSampler(model, small(seed=3))
     ps = prompts(1, 2)
