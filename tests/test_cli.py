@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from intraskill_jax import cli
-from intraskill_jax.bench import copy_probe, learn_shop, model, rollout
+from intraskill_jax.bench import copy_probe, learn_shop, model, rollout, sampler_weights
 from intraskill_jax.skills import power
 
 from tests.runs import REPO, SMOKE
@@ -35,6 +35,8 @@ COMMANDS = [
      "--skip_reference"),
     (rollout.main, "python -m intraskill_jax.bench.rollout", ("--episodes:", "--new-tokens:", "--update-repeats:"),
      "--new_tokens=8"),
+    (sampler_weights.main, "python -m intraskill_jax.bench.sampler_weights", ("--episodes:", "--model-path:", "--rounds:"),
+     "--model_path=/m"),
     (learn_shop.main, "python -m intraskill_jax.bench.learn_shop", ("--config:", "--workdir:", "--[no]progress:"),
      "--dry-run"),
     (copy_probe.main, "python -m intraskill_jax.bench.copy_probe", ("--variants:", "--batch-size:", "--learning-rate:"),

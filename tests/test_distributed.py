@@ -213,13 +213,30 @@ def _files(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _assert_same_weights_to_the_ulp(got: Path, want: Path, max_ulp: int = 4) -> None:
+    """The same tensors, each element within `max_ulp` float steps of the tensor's largest magnitude.
+    On an Intel Xeon the gathered exports are byte for byte the single process's; on an AMD EPYC
+    with AVX2 alone the SFT update summed the head's gradient in another order across processes,
+    and 2,503 of its 201,464 elements came out apart by at most 3.7e-9 (half a step of its largest,
+    0.085), every episode and decision after that the same."""
+    from safetensors.numpy import load_file
+
+    a, b = load_file(got), load_file(want)
+    assert a.keys() == b.keys(), got
+    for name in b:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, (got, name)
+        x, y = a[name].astype(np.float64), b[name].astype(np.float64)
+        bound = max_ulp * float(np.spacing(np.abs(b[name]).max()))
+        assert np.abs(x - y).max() <= bound, (got, name, float(np.abs(x - y).max()), bound)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(WORKER_DEADLINE_S + 120)
 def test_two_process_run_has_one_writer_and_the_single_process_files(tmp_path):
     """Two processes training in one workdir (fresh policy, warm start, GRPO steps on the 8-device
     mesh, a gate, the final export) leave the files one process with the same 8 devices leaves: one
-    writer, the same episodes and decisions, and exports gathered across processes that are byte
-    for byte the single process's."""
+    writer, the same episodes and decisions, and exports gathered across processes that are the
+    single process's (byte for byte, or within a few ulps where the CPU sums in another order)."""
     port = free_port()
     run, reference = tmp_path / "run", tmp_path / "reference"
     jobs = [(["tests.distributed_run", str(run), str(tmp_path / f"writes{i}.json")], _worker_env(i, port))
@@ -247,7 +264,10 @@ def test_two_process_run_has_one_writer_and_the_single_process_files(tmp_path):
     assert {"base/model.safetensors", "sft/hf/model.safetensors", "hf/final/model.safetensors",
             "gates/round_0.json", "skills/round_1/ledger.json"} <= want.keys()
     assert got.keys() == want.keys()
-    assert [k for k in want if got[k] != want[k]] == []
+    differ = [k for k in want if got[k] != want[k]]
+    assert [k for k in differ if not k.endswith(".safetensors")] == []
+    for rel in differ:
+        _assert_same_weights_to_the_ulp(run / rel, reference / rel)
     assert len(list((run / "tb").iterdir())) == len(list((reference / "tb").iterdir())) == 1
     steps = distributed_run.OVERRIDES["train.gate_every"] * distributed_run.OVERRIDES["train.rounds"]
     for name in ("metrics.jsonl", "sft/metrics.jsonl"):  # the same rows, up to wall-clock figures

@@ -110,7 +110,7 @@ class HFGenerateEngine:
         pass
 
 
-def _play(engine, world, tok, tasks, sampling, agent, prefix) -> tuple[float, float, list[Trajectory]]:
+def play_episodes(engine, world, tok, tasks, sampling, agent, prefix) -> tuple[float, float, list[Trajectory]]:
     """(wall seconds, CPU seconds of this process, trajectories)."""
     specs = [EpisodeSpec(int(t)) for t in tasks]
     t0, c0 = time.perf_counter(), time.process_time()
@@ -148,8 +148,8 @@ def update_tokens_per_s(model: nnx.Module, trajs: Sequence[Trajectory], pad_id: 
             "update_compact_targets": batches[True].targets.shape[1]}
 
 
-def _setup(episodes: int, turns: int, new_tokens: int, size: str, kernels: str, model_path: str | None = None,
-           config_path: str | None = None, sampler_weights: str = "auto"):
+def setup_episodes(episodes: int, turns: int, new_tokens: int, size: str, kernels: str, model_path: str | None = None,
+                   config_path: str | None = None, sampler_weights: str = "auto"):
     """(world, tokenizer, model, sampling, agent config, task ids, sampler config): random weights
     of `size` on the bench's small shop, or the checkpoint at `model_path` on `config_path`'s shop."""
     if config_path:
@@ -212,21 +212,21 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     import torch
     from transformers import AutoModelForCausalLM
 
-    world, tok, model, sampling, agent, tasks, sampler = _setup(episodes, turns, new_tokens, size, kernels,
-                                                                model_path, config_path, sampler_weights)
+    world, tok, model, sampling, agent, tasks, sampler = setup_episodes(episodes, turns, new_tokens, size, kernels,
+                                                                        model_path, config_path, sampler_weights)
     ours = JaxSampler(model, sampler)
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(model, d)
         ref_model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     ref = HFGenerateEngine(ref_model, tok.pad_token_id)
-    _play(ours, world, tok, tasks, sampling, agent, "warm")  # compiles every program the timed runs use
-    _play(ref, world, tok, tasks[:2], dataclasses.replace(sampling, max_new_tokens=4), dataclasses.replace(agent, max_turns=1), "warm")
+    play_episodes(ours, world, tok, tasks, sampling, agent, "warm")  # compiles every program the timed runs use
+    play_episodes(ref, world, tok, tasks[:2], dataclasses.replace(sampling, max_new_tokens=4), dataclasses.replace(agent, max_turns=1), "warm")
     load_before = os.getloadavg()[0]
     # Alternating rounds, best of each side: load from other processes only ever slows a run down.
     runs, runs_ref = [], []
     for r in range(rounds):
         for side, done, engine in (("ours", runs, ours), ("ref", runs_ref, ref)):
-            done.append(_play(engine, world, tok, tasks, sampling, agent, f"{side}{r}"))
+            done.append(play_episodes(engine, world, tok, tasks, sampling, agent, f"{side}{r}"))
             # One line per round on stderr: a run cut off by a time limit still leaves its figures.
             print(json.dumps({"round": r, "side": side, "seconds": done[-1][0]}), file=sys.stderr, flush=True)
     (s, cpu, trajs), (s_ref, cpu_ref, trajs_ref) = min(runs, key=lambda x: x[0]), min(runs_ref, key=lambda x: x[0])
@@ -263,20 +263,25 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     }
 
 
-def _define_flags(values: flags.FlagValues) -> None:
+def define_episode_flags(values: flags.FlagValues, size: str = "small") -> None:
+    """The flags of the episodes a rollout benchmark plays (`setup_episodes`' arguments)."""
     flags.DEFINE_bool("json", False, "print one JSON object", flag_values=values)
     flags.DEFINE_integer("episodes", 8, "episodes per round", flag_values=values)
     flags.DEFINE_integer("turns", 10, "turns per episode", flag_values=values)
     flags.DEFINE_integer("new-tokens", 32, "tokens sampled per turn", flag_values=values)
-    flags.DEFINE_enum("size", "small", sorted(SIZES), "model shapes", flag_values=values)
+    flags.DEFINE_enum("size", size, sorted(SIZES), "model shapes", flag_values=values)
     flags.DEFINE_enum("kernels", "cpu", sorted(KERNELS), "our kernel set (intraskill_jax.bench.model)",
                       flag_values=values)
     flags.DEFINE_integer("rounds", 2, "timed rounds per side (the best counts)", flag_values=values)
-    flags.DEFINE_integer("update-repeats", 3, "timed GRPO updates (after one warm-up); 0: none", flag_values=values)
-    flags.DEFINE_string("model-path", None, "both sides load this checkpoint (any policy.path form) instead of "
-                        "random weights of --size", flag_values=values)
+    flags.DEFINE_string("model-path", None, "load this checkpoint (any policy.path form) instead of random "
+                        "weights of --size", flag_values=values)
     flags.DEFINE_string("config", None, "play the shop, agent loop and sampler buckets of this run config",
                         flag_values=values)
+
+
+def _define_flags(values: flags.FlagValues) -> None:
+    define_episode_flags(values)
+    flags.DEFINE_integer("update-repeats", 3, "timed GRPO updates (after one warm-up); 0: none", flag_values=values)
     flags.DEFINE_enum("sampler-weights", "auto", ["auto", "bfloat16", "bfloat16_if_native"],
                       "our sampler's weights: the model's own (auto, as the reference's), bfloat16 copies, or "
                       "bfloat16 copies where this CPU multiplies them natively, as the SmolLM2 run samples "

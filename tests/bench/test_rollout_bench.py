@@ -66,3 +66,21 @@ def test_a_checkpoint_on_a_run_configs_shop_plays_the_same_episodes_on_both_side
     assert played["episodes_identical_to_ref"] == 2
     assert played["successes"] == played["successes_ref"]
     assert 2 <= played["turns_played"] <= 2 * 2
+
+
+def test_the_sampler_weights_benchmark_plays_the_same_episodes_with_each_dtype(micro_size: str):
+    """`bench.sampler_weights`: float32 and bfloat16 samplers over the same weights play the same
+    tasks in alternating rounds; the JSON says which was faster and whether this CPU multiplies
+    bfloat16 in hardware (the verdict `weight_dtype = "bfloat16_if_native"` goes by)."""
+    from intraskill_jax.bench import sampler_weights
+    from intraskill_jax.rollout.jax_sampler import native_bfloat16_products
+
+    result = sampler_weights.run(episodes=2, turns=2, new_tokens=4, size=micro_size, rounds=2)
+    assert result["native_bfloat16"] is native_bfloat16_products()
+    for w in sampler_weights.WEIGHTS:
+        assert len(result["rounds"][w]) == 2
+        # Random weights never stop early: every round plays the whole turn budget.
+        assert all(r["turns"] == 2 * 2 and 0 < r["generated_tokens"] <= 2 * 2 * 4 for r in result["rounds"][w])
+        assert result["best"][w]["seconds"] == min(r["seconds"] for r in result["rounds"][w])
+    assert result["bfloat16_speedup"] == pytest.approx(result["best"]["float32"]["seconds"] /
+                                                       result["best"]["bfloat16"]["seconds"])

@@ -1,6 +1,8 @@
 """Llama parity with HF `LlamaForCausalLM` (fp32, every norm and bias randomised): logits, a
 training step's gradients, RoPE scaling, prefill + decode == full forward, and config.json."""
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,9 +64,26 @@ def _nll(logits, targets, mask):
     return -(picked * mask).sum() / mask.sum()
 
 
+def float64_reference_grads(ref, ids, mask, targets, weight) -> dict[str, np.ndarray]:
+    """transformers' gradients of the same loss in float64: exact arithmetic to compare a float32
+    backward with (two float32 ones part by more than either parts from float64: 1.3e-4 for
+    SmolLM2's worst tensor on an AVX2 CPU)."""
+    ref64 = copy.deepcopy(ref).to(torch.float64)
+    # In float64 eager attention turns the left pads' fully masked rows into NaN (and with them
+    # every gradient); SDPA does not.
+    ref64.set_attn_implementation("sdpa")
+    positions = torch.tensor(np.maximum(np.cumsum(mask, 1) - 1, 0))
+    logits = ref64(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=positions).logits
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(targets)[..., None])[..., 0]
+    w = torch.tensor(weight, dtype=torch.float64)
+    (-(logp * w).sum() / w.sum()).backward()
+    return {name: p.grad.numpy() for name, p in ref64.named_parameters()}
+
+
 @pytest.mark.parametrize("variant", ["tied", "llama3_rope"])
 def test_a_training_steps_gradients_match_transformers(variant):
-    """Every parameter's gradient of a padded batch's next-token loss, against torch autograd."""
+    """Every parameter's gradient of a padded batch's next-token loss, against torch autograd in
+    float64."""
     ref, ours = paired_models(VARIANTS[variant], seed=3)
     ids, mask = left_padded(np.random.default_rng(4), 2, 40, CONFIG.vocab_size, [0, 9])
     targets = np.concatenate([ids[:, 1:], ids[:, :1]], axis=1)
@@ -75,13 +94,7 @@ def test_a_training_steps_gradients_match_transformers(variant):
     ours_grads = {".".join(map(str, k)): np.asarray(v.get_value())
                   for k, v in nnx.to_flat_state(nnx.state(grads, nnx.Param))}
 
-    ref.zero_grad()
-    positions = torch.tensor(np.maximum(np.cumsum(mask, 1) - 1, 0))
-    logits = ref(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=positions).logits
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(targets)[..., None])[..., 0]
-    w = torch.tensor(weight)
-    (-(logp * w).sum() / w.sum()).backward()
-    ref_grads = {name: p.grad.numpy() for name, p in ref.named_parameters()}
+    ref_grads = float64_reference_grads(ref, ids, mask, targets, weight)
 
     assert set(ours_grads) == set(ref_grads)
     for name, expected in ref_grads.items():
@@ -174,6 +187,7 @@ def smollm2_pair(tmp_path_factory):
 
 @pytest.mark.slow
 def test_smollm2_logits_and_gradients_match_transformers(smollm2_pair):
+    """Logits against transformers' float32 forward; gradients against its float64 backward."""
     ref, ours = smollm2_pair
     assert ours.config == ModelConfig.smollm2_135m(dtype="float32", param_dtype="float32")
     ids, mask = left_padded(np.random.default_rng(7), 2, 48, ours.config.vocab_size, [0, 11])
@@ -186,13 +200,7 @@ def test_smollm2_logits_and_gradients_match_transformers(smollm2_pair):
                                             jnp.asarray(weight))))(ours)
     ours_grads = {".".join(map(str, k)): np.asarray(v.get_value())
                   for k, v in nnx.to_flat_state(nnx.state(grads, nnx.Param))}
-    ref.zero_grad()
-    positions = torch.tensor(np.maximum(np.cumsum(mask, 1) - 1, 0))
-    logits = ref(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), position_ids=positions).logits
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(targets)[..., None])[..., 0]
-    w = torch.tensor(weight)
-    (-(logp * w).sum() / w.sum()).backward()
-    ref_grads = {name: p.grad.numpy() for name, p in ref.named_parameters()}
+    ref_grads = float64_reference_grads(ref, ids, mask, targets, weight)
     assert set(ours_grads) == set(ref_grads) and len(ref_grads) == 272
     worst = max(ref_grads, key=lambda k: rel_err(ours_grads[k], ref_grads[k]))
     assert rel_err(ours_grads[worst], ref_grads[worst]) < 1e-4, worst

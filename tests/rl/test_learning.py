@@ -20,7 +20,7 @@ from tests.toys import CueEnv
 SINGLE = Setting(make_env=CueEnv, sampling=SamplingParams(temperature=1.0, max_new_tokens=32), updates_per_batch=1,
                  agent=AgentConfig(tool_format="xml", max_turns=1, max_context_tokens=512, max_observation_chars=200,
                                    show_affordances=False), learning_rate=1e-3)
-STEPS = 40
+STEPS = 48  # at 40, an AMD EPYC with AVX2 ended at 0.89 (114 of 128 held-out tasks) where 0.90 is asked
 DEMO_ACCURACY = 0.75
 
 
