@@ -68,7 +68,7 @@ from intraskill_jax.models.params import save_pretrained
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl.train_step import OptimConfig, grpo_step, init_train_state, make_optimizer, train_batch
 from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams
-from intraskill_jax.rollout.jax_sampler import JaxSampler, SamplerConfig
+from intraskill_jax.rollout.jax_sampler import WEIGHT_DTYPES, JaxSampler, SamplerConfig
 from intraskill_jax.tokenization import IM_END, train_tokenizer
 
 
@@ -282,8 +282,8 @@ def define_episode_flags(values: flags.FlagValues, size: str = "small") -> None:
 def _define_flags(values: flags.FlagValues) -> None:
     define_episode_flags(values)
     flags.DEFINE_integer("update-repeats", 3, "timed GRPO updates (after one warm-up); 0: none", flag_values=values)
-    flags.DEFINE_enum("sampler-weights", "auto", ["auto", "bfloat16", "bfloat16_if_native"],
-                      "our sampler's weights: the model's own (auto, as the reference's), bfloat16 copies, or "
+    flags.DEFINE_enum("sampler-weights", "auto", list(WEIGHT_DTYPES),
+                      "our sampler's weights: the model's own (auto, as the reference's), float32, bfloat16 copies, or "
                       "bfloat16 copies where this CPU multiplies them natively, as the SmolLM2 run samples "
                       "(greedy episodes then free to part from the reference's)",
                       flag_values=values)

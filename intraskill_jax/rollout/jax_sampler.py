@@ -47,6 +47,9 @@ from intraskill_jax.rollout.sampling import sample_tokens
 log = logging.getLogger(__name__)
 
 
+WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "bfloat16_if_native")  # SamplerConfig.weight_dtype's values
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplerConfig:
     """Attributes:
@@ -86,8 +89,8 @@ class SamplerConfig:
         if self.max_batch < 1 or self.max_length < 2 or self.min_cache_length < 1 or not self.cache_growth > 1:
             raise ValueError("need max_batch >= 1, max_length >= 2, min_cache_length >= 1 and cache_growth > 1, got "
                              f"{self.max_batch}, {self.max_length}, {self.min_cache_length}, {self.cache_growth}")
-        if self.weight_dtype not in ("auto", "float32", "bfloat16", "bfloat16_if_native"):
-            raise ValueError("sampler weight_dtype must be 'auto', 'float32', 'bfloat16' or 'bfloat16_if_native', "
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"sampler weight_dtype must be one of {', '.join(map(repr, WEIGHT_DTYPES))}, "
                              f"got {self.weight_dtype!r}")
         if self.apart_call_cost < 0:
             raise ValueError(f"sampler apart_call_cost must be >= 0, got {self.apart_call_cost}")
