@@ -6,13 +6,20 @@
             bar.update(loss=0.41)
 
 Stages run in any order and may be entered several times (a gate per round); time is charged to
-the innermost open stage. Each stage's remaining time is its remaining units at its own observed
-rate, measured over its updates after the first (which pays for compilation), or, before that, at
-its prior rate scaled by how fast the job has run against its priors so far: against the priors of
-its own kind once a stage of that kind has a rate (a model's training and its episodes scale
-differently from the tiny run the priors were measured on), else against all of them. A first unit
-already done bounds that estimate: compilation included, it took no less than a unit will. Units a
-resumed run skips (`initial`) shorten the remainder without counting as speed.
+the innermost open stage, and the part of it JAX spent compiling is told apart (`compile_seconds`):
+compiling is a cost of new shapes, not of units. The quickstart compiles for most of its run, and
+one step that met new shapes (85 s of compiling in an 89 s step, against ~6 s of work a step),
+counted as work, multiplied the ETA tenfold.
+
+A stage's remaining time is its work plus its compiling still to come. Work: the remaining units
+at the stage's own observed rate (work seconds per unit over its updates after the first), or,
+before that, at its prior rate scaled by how fast the job has worked against its priors so far:
+against the priors of its own kind once a stage of that kind has a rate (a model's training and
+its episodes scale differently from the tiny run the priors were measured on), else against all
+of them; a first unit already done bounds that estimate (it took no less than a unit will).
+Compiling: the prior's `startup`, scaled by how the finished stages' compiling compared with
+theirs, less what the stage has compiled so far. Units a resumed run skips (`initial`) shorten
+the remainder without counting as speed.
 
 Components take `progress: bool | Progress`; `as_progress(True)` gives a display of its own to a
 component run alone.
@@ -25,6 +32,7 @@ import dataclasses
 import logging
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -37,13 +45,14 @@ LOG_DATE_FORMAT = "%H:%M:%S"
 
 @dataclasses.dataclass(frozen=True)
 class Planned:
-    """A stage the job expects: `units` of work at `per_unit` seconds after `startup` seconds (priors)."""
+    """A stage the job expects (priors): `units` of work at `per_unit` seconds each, plus `startup`
+    seconds of compiling over the stage (its first programs and those new shapes bring later)."""
 
     name: str
     units: int
     per_unit: float | None = None  # None: unknown until the stage has run two units
     startup: float = 0.0
-    kind: str = ""  # stages whose costs scale together (default: the stage alone)
+    kind: str = ""  # stages whose work scales together (default: the stage alone)
 
 
 @dataclasses.dataclass
@@ -54,27 +63,83 @@ class _Stage:
     done: int = 0  # including units skipped on resume
     ran: int = 0  # units completed in this process
     seconds: float = 0.0  # time charged to this stage in this process
-    first: tuple[float, int] | None = None  # (seconds, ran) when the first update here completed
+    compiling: float = 0.0  # the part of `seconds` JAX spent compiling
+    first: tuple[float, int] | None = None  # (work seconds, ran) at the first update
+    rated_work: float = 0.0  # over the updates that measure the rate (`record`)
+    rated_units: int = 0
+    mark: tuple[float, float] = (0.0, 0.0)  # (seconds, compiling) at the latest update
+
+    @property
+    def work(self) -> float:
+        """Seconds charged here net of compiling."""
+        return self.seconds - self.compiling
+
+    def record(self, n: int) -> None:
+        """Accounts an update of `n` units. The first, and any later one that spent most of its
+        time compiling, is warm-up: a new program's first run costs more than its compiling (the
+        quickstart's second SFT update: 1.6 s of work, against 0.6 s for the later ones)."""
+        if n <= 0:
+            return
+        took, compiled = self.seconds - self.mark[0], self.compiling - self.mark[1]
+        if self.first is None:
+            self.first = (self.work, self.ran)
+        elif compiled <= took / 2:
+            self.rated_work += took - compiled
+            self.rated_units += n
+        self.mark = (self.seconds, self.compiling)
 
     def rate(self) -> float | None:
-        """Observed seconds per unit over the updates after the first."""
-        if self.first is None or self.ran <= self.first[1]:
-            return None
-        return (self.seconds - self.first[0]) / (self.ran - self.first[1])
-
-    def rated_units(self) -> int:
-        return 0 if self.first is None else self.ran - self.first[1]
+        """Observed work seconds per unit over the updates that measure it."""
+        return self.rated_work / self.rated_units if self.rated_units else None
 
     @property
     def kind(self) -> str:
         return self.plan.kind or self.plan.name
 
     def first_unit_speed(self) -> float | None:
-        """Seconds per unit of the first update(s) over the prior, while no rate is observed: an
-        upper bound on this stage's speed, since those units paid for compilation too."""
+        """Work seconds per unit of the first update(s) over the prior, while no rate is observed:
+        an upper bound on this stage's speed, since those units paid for warming up too."""
         if self.first is None or self.rate() is not None or not self.plan.per_unit:
             return None
         return self.first[0] / (self.first[1] * self.plan.per_unit)
+
+
+class _CompileTime:
+    """Seconds this process has spent tracing, lowering and compiling JAX programs: the union of
+    jax.monitoring's compile time spans (they nest and may overlap across threads; the summed
+    durations came to more than the wall time), its listener registered on the first call."""
+
+    def __init__(self):
+        self._spans: list[list[float]] = []  # disjoint [start, end], sorted
+        self._lock = threading.Lock()
+        self._listening = False
+
+    def _record(self, event: str, start: float, end: float, **_: Any) -> None:
+        if not event.startswith("/jax/core/compile/"):
+            return
+        with self._lock:
+            kept = []
+            for span in self._spans:
+                if span[1] < start or span[0] > end:
+                    kept.append(span)
+                else:
+                    start, end = min(start, span[0]), max(end, span[1])
+            kept.append([start, end])
+            self._spans = sorted(kept)
+
+    def __call__(self) -> float:
+        if not self._listening:
+            import jax.monitoring
+
+            with self._lock:
+                if not self._listening:
+                    jax.monitoring.register_event_time_span_listener(self._record)
+                    self._listening = True
+        with self._lock:
+            return sum(end - start for start, end in self._spans)
+
+
+compile_seconds = _CompileTime()
 
 
 def format_seconds(seconds: float) -> str:
@@ -88,14 +153,16 @@ class Progress:
     """A single bar for the whole job (tqdm on stderr); see the module docstring."""
 
     def __init__(self, plan: Sequence[Planned] = (), *, enabled: bool = True, close_when_idle: bool = False,
-                 clock: Callable[[], float] = time.perf_counter, file: Any = None):
+                 clock: Callable[[], float] = time.perf_counter, compiling: Callable[[], float] = compile_seconds,
+                 file: Any = None):
         """`close_when_idle`: end the display when its last open stage closes (a component's own
-        display); otherwise it stays until `close()` (a job's, across its stages)."""
+        display); otherwise it stays until `close()` (a job's, across its stages). `compiling`: the
+        process's compile time so far (`clock`'s seconds), taken out of the stages' rates."""
         self.enabled, self._close_when_idle = enabled, close_when_idle
-        self._clock = clock
+        self._clock, self._compiling = clock, compiling
         self._stages: dict[str, _Stage] = {p.name: _Stage(p, p.units) for p in plan}
         self._open: list[tuple[_Stage, dict[str, Any]]] = []
-        self._last = clock()
+        self._last, self._last_compiling = clock(), compiling()
         self._start = self._last
         self._file = file
         self._bar = None
@@ -106,15 +173,15 @@ class Progress:
     # -- the estimate ----------------------------------------------------------------------------
 
     def _speed(self, kind: str) -> float:
-        """Observed / prior seconds for stages of `kind`: over the rated stages of that kind, else
-        over all rated stages (1.0 before any), capped by the first units of that kind."""
+        """Observed / prior work seconds for stages of `kind`: over the rated stages of that kind,
+        else over all rated stages (1.0 before any), capped by the first units of that kind."""
         def ratio(stages: list[_Stage]) -> float | None:
             observed = prior = 0.0
             for s in stages:
                 r = s.rate()
                 if r is not None and s.plan.per_unit:
-                    observed += r * s.rated_units()
-                    prior += s.plan.per_unit * s.rated_units()
+                    observed += r * s.rated_units
+                    prior += s.plan.per_unit * s.rated_units
             return observed / prior if prior > 0 else None
 
         same = [s for s in self._stages.values() if s.kind == kind]
@@ -122,23 +189,26 @@ class Progress:
         bounds = [b for s in same if (b := s.first_unit_speed()) is not None]
         return min([speed, *bounds])
 
+    def _compile_speed(self) -> float:
+        """Observed / prior compiling over the stages that have finished (1.0 before any): a larger
+        model compiles longer, but not by the factor its work costs more."""
+        done = [s for s in self._stages.values() if s.ran and s.done >= s.total and s.plan.startup > 0]
+        return sum(s.compiling for s in done) / sum(s.plan.startup for s in done) if done else 1.0
+
     def remaining(self) -> float | None:
         """Seconds left in the whole job; None while a stage's cost is still unknown."""
-        left = 0.0
+        left, compile_speed = 0.0, self._compile_speed()
         for s in self._stages.values():
-            speed = self._speed(s.kind)
             units = max(s.total - s.done, 0)
             if units == 0:
                 continue
             rate = s.rate()
-            if rate is not None:
-                left += units * rate
-            elif s.plan.per_unit is None:
-                return None
-            elif s.ran == 0:
-                left += max((s.plan.startup + units * s.plan.per_unit) * speed - s.seconds, 0.0)
-            else:
-                left += units * s.plan.per_unit * speed
+            if rate is None:
+                if s.plan.per_unit is None:
+                    return None
+                rate = s.plan.per_unit * self._speed(s.kind)
+            work = units * rate - (s.work if s.ran == 0 else 0.0)  # a first unit under way
+            left += max(work, 0.0) + max(s.plan.startup * compile_speed - s.compiling, 0.0)
         return left
 
     def elapsed(self) -> float:
@@ -166,17 +236,18 @@ class Progress:
         return _Handle(self, s)
 
     def _tick(self) -> None:
-        now = self._clock()
+        now, compiling = self._clock(), self._compiling()
         if self._open:
-            self._open[-1][0].seconds += now - self._last
-        self._last = now
+            s = self._open[-1][0]
+            s.seconds += now - self._last
+            s.compiling += min(compiling - self._last_compiling, now - self._last)
+        self._last, self._last_compiling = now, compiling
 
     def _advance(self, s: _Stage, n: int, info: dict[str, Any]) -> None:
         self._tick()
         s.done += n
         s.ran += n
-        if s.first is None and s.ran >= 1:
-            s.first = (s.seconds, s.ran)
+        s.record(n)
         for stage, extra in self._open:
             if stage is s:
                 extra.update(info)

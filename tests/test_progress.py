@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from intraskill_jax.progress import Planned, Progress, as_progress, format_seconds
+from intraskill_jax.progress import Planned, Progress, as_progress, compile_seconds, format_seconds
 
 
 class Clock:
@@ -15,9 +15,9 @@ class Clock:
         return self.t
 
 
-def make(plan, **kw):
+def make(plan, compiling=None, **kw):
     clock = Clock()
-    return Progress(plan, clock=clock, file=io.StringIO(), **kw), clock
+    return Progress(plan, clock=clock, compiling=compiling or Clock(), file=io.StringIO(), **kw), clock
 
 
 def test_priors_before_anything_runs():
@@ -26,9 +26,11 @@ def test_priors_before_anything_runs():
 
 
 def test_running_stage_uses_its_rate_from_the_second_unit_and_rescales_later_priors():
-    p, clock = make([Planned("a", 10, per_unit=2.0, startup=5.0), Planned("b", 4, per_unit=1.0)])
+    compiling = Clock()
+    p, clock = make([Planned("a", 10, per_unit=2.0, startup=5.0), Planned("b", 4, per_unit=1.0)],
+                    compiling=compiling)
     bar = p.stage("a")
-    clock.t = 30.0  # the first unit pays a long compile: it must not set the rate
+    clock.t, compiling.t = 30.0, 25.0  # the first unit pays a long compile: it must not set the rate
     bar.update()
     assert p.remaining() == pytest.approx(9 * 2.0 + 4 * 1.0)
     clock.t = 34.0
@@ -129,9 +131,75 @@ def test_a_first_unit_bounds_the_scaled_prior():
     speed = 160.0 / 10.0
     assert p.remaining() == pytest.approx(2 * 10.0 * speed + 100 * 1.0 * speed)
     steps.close()
-    # A first unit slower than the scaled prior (mostly compilation) leaves the prior as it was.
+    # A first unit slower than the prior, compiling apart, leaves the prior as it was.
     q, clock = make([Planned("steps", 3, per_unit=10.0, startup=35.0), Planned("eval", 10, per_unit=1.0)])
     steps = q.stage("steps")
     clock.t = 45.0
     steps.update()
-    assert q.remaining() == pytest.approx(2 * 10.0 + 10 * 1.0)
+    assert q.remaining() == pytest.approx(2 * 10.0 + 35.0 + 10 * 1.0)
+
+
+def test_compiling_is_not_work():
+    # The quickstart's second GRPO step met new shapes: 89 s, 85 of them compiling, where the
+    # steps after took ~6 s of work. Counted as work, that one step set the speed of every stage
+    # that plays episodes: ETA 29:45 with 2:46 left.
+    compiling = Clock()
+    p, clock = make([Planned("steps", 10, per_unit=10.0, kind="episodes"),
+                     Planned("eval", 100, per_unit=1.0, kind="episodes")], compiling=compiling)
+    steps = p.stage("steps")
+    clock.t, compiling.t = 5.0, 3.0
+    steps.update()  # the first step: 2 s of work bound the speed (0.2 of the prior's)
+    assert p.remaining() == pytest.approx(9 * 10.0 * 0.2 + 100 * 1.0 * 0.2)
+    clock.t, compiling.t = 94.0, 88.0
+    steps.update()  # 89 s, 85 compiling: warm-up too (a new program's first run), the bound stands
+    assert p.remaining() == pytest.approx(8 * 10.0 * 0.2 + 100 * 1.0 * 0.2)
+    clock.t, compiling.t = 106.0, 93.0
+    steps.update()  # 12 s, 5 compiling: 7 s of work
+    assert p.remaining() == pytest.approx(7 * 7.0 + 100 * 1.0 * 0.7)
+    clock.t = 114.0
+    steps.update(0, loss=0.5)  # no unit: nothing measured
+    steps.update()  # 8 s
+    assert p.remaining() == pytest.approx(6 * 7.5 + 100 * 1.0 * 0.75)
+    steps.close()
+    assert p.elapsed() == pytest.approx(114.0)  # compiling is time spent all the same
+
+
+def test_compiling_still_to_come_scales_by_the_finished_stages_compiling():
+    compiling = Clock()
+    p, clock = make([Planned("sft", 2, per_unit=1.0, startup=10.0),
+                     Planned("steps", 4, per_unit=10.0, startup=20.0)], compiling=compiling)
+    assert p.remaining() == pytest.approx(2 * 1.0 + 10.0 + 4 * 10.0 + 20.0)
+    with p.stage("sft") as sft:
+        clock.t, compiling.t = 12.0, 8.0
+        sft.update()
+        clock.t = 14.0
+        sft.update()  # 2 s of work a unit: twice the prior; 8 s compiled of the 10 expected
+    assert p.remaining() == pytest.approx(4 * 10.0 * 2.0 + 20.0 * 0.8)
+    steps = p.stage("steps")
+    clock.t, compiling.t = 30.0, 20.0
+    steps.update()  # 12 s compiling, 4 s of work: 0.4 of the prior's
+    assert p.remaining() == pytest.approx(3 * 10.0 * 0.4 + (20.0 * 0.8 - 12.0))
+    steps.close()
+
+
+def test_compile_time_is_the_union_of_nested_and_overlapping_spans():
+    from intraskill_jax.progress import _CompileTime
+
+    spans = _CompileTime()
+    spans._listening = True  # fed by hand below
+    for start, end in ((2.0, 5.0), (0.0, 10.0), (8.0, 12.0), (20.0, 21.0), (3.0, 4.0)):
+        spans._record("/jax/core/compile/backend_compile_duration", start, end)
+    spans._record("/jax/other/event", 30.0, 40.0)
+    assert spans() == pytest.approx(12.0 + 1.0)
+
+
+def test_compile_seconds_counts_what_jax_compiles():
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    before, start = compile_seconds(), time.perf_counter()
+    jax.jit(lambda x: jnp.cumsum(jnp.sin(x) @ x.T, axis=1))(jnp.ones((37, 53))).block_until_ready()
+    wall = time.perf_counter() - start
+    assert 0.0 < compile_seconds() - before <= wall
