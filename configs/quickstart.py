@@ -71,6 +71,9 @@ def get_config(preset: str | None = None) -> ml_collections.ConfigDict:
     c.agent.show_affordances = False
     c.rollout.sampler.max_batch = 32
     c.rollout.sampler.max_length = 4096
+    # The sessions outgrow 1,024 slots within a step; starting at 2,048 compiles each program at one
+    # cache size, not two: ~55 s less compiling on two cores, the same episodes (docs/performance.md).
+    c.rollout.sampler.min_cache_length = 2048
     c.rollout.sampler.prefill_buckets = (32, 64, 128, 256, 512, 1024)
     c.rollout.sampler.decode_buckets = (64,)
     # At temperature 1 the warm start garbles a third of its calls and buys in one episode of

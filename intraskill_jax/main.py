@@ -56,17 +56,17 @@ def job_plan(config: runconfig.RunConfig, command: str) -> list[Planned]:
     rate. The stages that play episodes are one kind: on a larger model their cost grows unlike the
     warm start's (docs/performance.md: the SmolLM2 run's ETA)."""
     ws, t, sk = config.warm_start, config.train, config.skills
-    episode = 0.05  # work seconds per evaluation episode at the quickstart's size
+    episode = 0.04  # work seconds per evaluation episode at the quickstart's size
     updates = math.ceil(0.7 * ws.num_demos / ws.sft.batch_size) * ws.sft.epochs  # ~70% of oracle runs succeed
     arms = 3 if sk.gate.full_arm else 2
     train = [Planned("setup", 1, per_unit=12.0),
-             Planned("sft", updates if ws.enabled else 0, per_unit=0.08 * ws.sft.batch_size, startup=35.0),
-             Planned("co-evolution", t.steps, per_unit=0.22 * t.groups_per_step * t.group_size, startup=200.0,
+             Planned("sft", updates if ws.enabled else 0, per_unit=0.075 * ws.sft.batch_size, startup=37.0),
+             Planned("co-evolution", t.steps, per_unit=0.21 * t.groups_per_step * t.group_size, startup=180.0,
                      kind="episodes"),
-             Planned("gate", t.rounds if sk.mode == "coevolve" else 0, per_unit=0.09 * arms * sk.validation_tasks,
-                     startup=25.0, kind="episodes")]
+             Planned("gate", t.rounds if sk.mode == "coevolve" else 0, per_unit=0.065 * arms * sk.validation_tasks,
+                     startup=10.0, kind="episodes")]
     conditions = 5 if command == "rank" else len(config.eval.conditions)
-    evaluation = [Planned("evaluation", conditions * config.eval.num_tasks, per_unit=episode, startup=25.0,
+    evaluation = [Planned("evaluation", conditions * config.eval.num_tasks, per_unit=episode, startup=5.0,
                           kind="episodes")]
     report = [Planned("report", 5, per_unit=2.5)]
     return {"sft": train[:2], "train": train, "eval": evaluation, "rank": evaluation, "multiseed": train + evaluation,
