@@ -12,14 +12,14 @@ one step that met new shapes (85 s of compiling in an 89 s step, against ~6 s of
 counted as work, multiplied the ETA tenfold.
 
 A stage's remaining time is its work plus its compiling still to come. Work: the remaining units
-at the stage's own observed rate (work seconds per unit over its updates after the first), or,
-before that, at its prior rate scaled by how fast the job has worked against its priors so far:
-against the priors of its own kind once a stage of that kind has a rate (a model's training and
-its episodes scale differently from the tiny run the priors were measured on), else against all
-of them; a first unit already done bounds that estimate (it took no less than a unit will).
-Compiling: the prior's `startup`, scaled by how the finished stages' compiling compared with
-theirs, less what the stage has compiled so far. Units a resumed run skips (`initial`) shorten
-the remainder without counting as speed.
+at the stage's own observed rate (work seconds per unit over its updates after the first that did
+not mostly compile), or, before that, at its prior rate scaled by how fast the job has worked
+against its priors so far: against the priors of its own kind once a stage of that kind has a
+rate (a model's training and its episodes scale differently from the tiny run the priors were
+measured on), else against all of them; a first unit already done bounds that estimate (it took
+no less than a unit will). Compiling: the prior's `startup`, scaled by how the finished stages'
+compiling compared with theirs, less what the stage has compiled so far. Units a resumed run
+skips (`initial`) shorten the remainder without counting as speed.
 
 Components take `progress: bool | Progress`; `as_progress(True)` gives a display of its own to a
 component run alone.
