@@ -111,6 +111,7 @@ class _CompileTime:
 
     def __init__(self):
         self._spans: list[list[float]] = []  # disjoint [start, end], sorted
+        self._total = 0.0  # their summed lengths, kept with them: read at every tick of a display
         self._lock = threading.Lock()
         self._listening = False
 
@@ -126,6 +127,7 @@ class _CompileTime:
                     start, end = min(start, span[0]), max(end, span[1])
             kept.append([start, end])
             self._spans = sorted(kept)
+            self._total = sum(b - a for a, b in self._spans)
 
     def __call__(self) -> float:
         if not self._listening:
@@ -135,8 +137,7 @@ class _CompileTime:
                 if not self._listening:
                     jax.monitoring.register_event_time_span_listener(self._record)
                     self._listening = True
-        with self._lock:
-            return sum(end - start for start, end in self._spans)
+        return self._total
 
 
 compile_seconds = _CompileTime()
