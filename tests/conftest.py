@@ -49,3 +49,15 @@ def smoke_reference(tmp_path_factory):
     finally:
         run.close()
     return config, workdir
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+    """Drops the programs a test module compiled once it is done. XLA:CPU maps each compiled
+    program's code into memory regions of its own, and a process may hold vm.max_map_count of them
+    (65,530 by default): the sampler tests alone reached it, and the compiler then crashed (a
+    segfault) in whichever test came next. Cleared programs give their regions back for reuse."""
+    yield
+    import jax
+
+    jax.clear_caches()

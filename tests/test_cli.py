@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from intraskill_jax import cli
-from intraskill_jax.bench import copy_probe, learn_shop, model, rollout, sampler_weights
+from intraskill_jax.bench import copy_probe, learn_shop, model, rollout, sampler
 from intraskill_jax.skills import power
 
 from tests.runs import REPO, SMOKE
@@ -35,7 +35,7 @@ COMMANDS = [
      "--skip_reference"),
     (rollout.main, "python -m intraskill_jax.bench.rollout", ("--episodes:", "--new-tokens:", "--update-repeats:"),
      "--new_tokens=8"),
-    (sampler_weights.main, "python -m intraskill_jax.bench.sampler_weights", ("--episodes:", "--model-path:", "--rounds:"),
+    (sampler.main, "python -m intraskill_jax.bench.sampler", ("--episodes:", "--setting:", "--[no]skill:"),
      "--model_path=/m"),
     (learn_shop.main, "python -m intraskill_jax.bench.learn_shop", ("--config:", "--workdir:", "--[no]progress:"),
      "--dry-run"),

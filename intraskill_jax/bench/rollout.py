@@ -111,8 +111,8 @@ class HFGenerateEngine:
 
 
 def play_episodes(engine, world, tok, tasks, sampling, agent, prefix) -> tuple[float, float, list[Trajectory]]:
-    """(wall seconds, CPU seconds of this process, trajectories)."""
-    specs = [EpisodeSpec(int(t)) for t in tasks]
+    """(wall seconds, CPU seconds of this process, trajectories); `tasks` are task ids or `EpisodeSpec`s."""
+    specs = [t if isinstance(t, EpisodeSpec) else EpisodeSpec(int(t)) for t in tasks]
     t0, c0 = time.perf_counter(), time.process_time()
     trajs = run_episodes(engine, [ShopEnv(world) for _ in specs], tok, specs, sampling, agent, episode_prefix=prefix)
     return time.perf_counter() - t0, time.process_time() - c0, trajs

@@ -37,6 +37,9 @@ class DecodeCache:
     key_valid: jax.Array  # [B, S] bool, slot holds a real (unmasked) token
     length: jax.Array  # [B] int32, slots each row has written (its real tokens)
     next_position: jax.Array  # [B] int32, RoPE position of each row's next real token
+    # [B] int32, the slots of a shared prefix segment each row attends before its own (0: none; the
+    # segment is held apart, once for all rows: `layers.SharedKV`, `rollout.jax_sampler`)
+    shared_length: jax.Array
 
     @property
     def max_length(self) -> int:
@@ -82,4 +85,5 @@ def init_cache(
         key_valid=jnp.zeros((batch_size, max_length), bool),
         length=jnp.zeros((batch_size,), jnp.int32),
         next_position=jnp.zeros((batch_size,), jnp.int32),
+        shared_length=jnp.zeros((batch_size,), jnp.int32),
     )

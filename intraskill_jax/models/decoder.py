@@ -29,6 +29,7 @@ from intraskill_jax.models.layers import (
     Embedding,
     Linear,
     RMSNorm,
+    SharedKV,
     constrain,
     matmul_dtype,
     rope_cos_sin,
@@ -131,6 +132,7 @@ class DecoderLayer(nnx.Module):
         key_valid: jax.Array,
         query_slots: jax.Array | None,
         layer_cache: LayerCache | None,
+        shared: SharedKV | None = None,
         *,
         has_padding: bool = True,
     ) -> tuple[jax.Array, LayerCache | None]:
@@ -140,7 +142,7 @@ class DecoderLayer(nnx.Module):
         else:
             kv = None if layer_cache is None else (layer_cache.key, layer_cache.value)
             h, kv = self.self_attn(
-                h, cos, sin, key_valid=key_valid, kv_cache=kv, query_slots=query_slots
+                h, cos, sin, key_valid=key_valid, kv_cache=kv, query_slots=query_slots, shared=shared
             )
             new_cache = None if kv is None else AttentionCache(key=kv[0], value=kv[1])
         x = x + h
@@ -194,8 +196,12 @@ class TextModel(nnx.Module):
         *,
         cache: DecodeCache | None = None,
         positions: jax.Array | None = None,
+        shared: DecodeCache | None = None,
     ) -> tuple[jax.Array, DecodeCache | None]:
-        """Final-normed hidden states [B, T, h] and the updated cache (None without one)."""
+        """Final-normed hidden states [B, T, h] and the updated cache (None without one).
+
+        `shared` (with a cache): a one-row cache holding a prefix's keys and values, which each row
+        attends before its own slots, up to its `cache.shared_length` (`layers.SharedKV`)."""
         b, t = input_ids.shape
         token_mask = (
             jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
@@ -232,8 +238,13 @@ class TextModel(nnx.Module):
         new_layers = []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else cache.layers[i]
+            segment = None if shared is None else shared.layers[i]
+            if isinstance(segment, AttentionCache):
+                segment = SharedKV(key=segment.key[0], value=segment.value[0], length=cache.shared_length)
+            else:  # a recurrent layer's prefix state is copied into each row instead
+                segment = None
             x, layer_cache = run(
-                layer, x, cos, sin, token_mask, key_valid, query_slots, layer_cache
+                layer, x, cos, sin, token_mask, key_valid, query_slots, layer_cache, segment
             )
             new_layers.append(layer_cache)
         x = self.norm(x)
@@ -244,6 +255,7 @@ class TextModel(nnx.Module):
             key_valid=key_valid,
             length=cache.length + jnp.sum(token_mask, axis=1, dtype=jnp.int32),
             next_position=cache.next_position + jnp.sum(token_mask, axis=1, dtype=jnp.int32),
+            shared_length=cache.shared_length,
         )
 
     def _scanned_layers(
@@ -354,8 +366,9 @@ class CausalLM(nnx.Module):
         *,
         cache: DecodeCache | None = None,
         positions: jax.Array | None = None,
+        shared: DecodeCache | None = None,
     ) -> tuple[jax.Array, DecodeCache | None]:
-        return self.model(input_ids, attention_mask, cache=cache, positions=positions)
+        return self.model(input_ids, attention_mask, cache=cache, positions=positions, shared=shared)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[..., h] -> float32 logits [..., V]."""

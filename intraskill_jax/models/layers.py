@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -285,7 +286,7 @@ CACHE_BLOCK_SCORE_BYTES = 4 << 20
 
 def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots: jax.Array, key_valid: jax.Array,
                      *, block_size: int, scale: float, score_bytes: int | None = None,
-                     product_dtype: jnp.dtype = jnp.float32) -> jax.Array:
+                     product_dtype: jnp.dtype = jnp.float32, shared: SharedKV | None = None) -> jax.Array:
     """Grouped-query attention of new tokens over a decode cache, reading only the slots in use.
 
     q [B, T, H, D]; key/value [B, KV, S, D] (the new tokens already written); query_slots [B, T]
@@ -304,23 +305,29 @@ def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots
     all rows at once wrote 34 MB of scores per block, which each pass of the softmax read back from
     memory: 72 ms; four rows at a time, 40 ms. On one device such a call runs head-major, its
     products in `product_dtype` (`_head_major_cache_attention`); a decode step's stay float32.
+
+    With `shared`, every row first attends the first `shared.length[b]` slots of a segment of keys
+    and values that all rows share (a common prompt prefix, held once: `SharedKV`), and its own
+    slots after them.
     """
+    b, t, h, d = q.shape
+    s = key.shape[2]
 
     def whole():
-        return _grouped_attention(q, key, value, attention_mask(query_slots, key_valid)[:, :, None], scale=scale,
-                                  kv_layout="bksd")
+        if shared is None:
+            return _grouped_attention(q, key, value, attention_mask(query_slots, key_valid)[:, :, None], scale=scale,
+                                      kv_layout="bksd")
+        return _whole_after_shared(q, key, value, query_slots, key_valid, shared, scale=scale)
 
     if not block_size:
         return whole()
-    b, t, h, d = q.shape
-    s = key.shape[2]
     block_size = min(block_size, s)
 
-    def blocked(q, key, value, query_slots, key_valid, num_blocks=None):
+    def blocked(q, key, value, query_slots, key_valid, num_blocks=None, shared=shared):
         if num_blocks is None:
             num_blocks = _blocks_in_use(query_slots, s, block_size)
         return _blocked_cache_attention(q, key, value, query_slots, key_valid, num_blocks, block_size=block_size,
-                                        scale=scale)
+                                        scale=scale, shared=shared)
 
     if t == 1:
         # A decode step's one fused pass reads a slot more cheaply than the block loop (CPU, quickstart
@@ -333,7 +340,7 @@ def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots
     rows = max(r for r in range(1, b + 1) if b % r == 0 and r <= fit)
     if sharding.single_device():
         return _head_major_cache_attention(q, key, value, query_slots, key_valid, rows=rows, block_size=block_size,
-                                           scale=scale, product_dtype=product_dtype)
+                                           scale=scale, product_dtype=product_dtype, shared=shared)
     if rows == b:
         return blocked(q, key, value, query_slots, key_valid)
 
@@ -341,10 +348,70 @@ def cached_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots
         def take(x):
             return jax.lax.dynamic_slice_in_dim(x, i * rows, rows, axis=0)
 
-        part = blocked(take(q), take(key), take(value), take(query_slots), take(key_valid))
+        part = blocked(take(q), take(key), take(value), take(query_slots), take(key_valid),
+                       shared=None if shared is None else shared.rows(take))
         return jax.lax.dynamic_update_slice_in_dim(out, part, i * rows, axis=0)
 
     return jax.lax.fori_loop(0, b // rows, group, jnp.zeros_like(q))
+
+
+@flax.struct.dataclass
+class SharedKV:
+    """A segment of keys and values every row of a cache may attend before its own slots: the state
+    of a prompt prefix the rows share, held once instead of in each row. A decode step of B rows
+    then reads it once, as one product of all rows' queries (SmolLM2 with S0 at 32 rows: a 841-token
+    head of ~1,400 cached tokens that each row would otherwise hold and read on its own)."""
+
+    key: jax.Array  # [KV, P, D]
+    value: jax.Array  # [KV, P, D]
+    length: jax.Array  # [B] int32: the segment's first slots each row attends (0: none)
+
+    def rows(self, take: Callable[[jax.Array], jax.Array]) -> SharedKV:
+        """The same segment for the rows `take` selects of `length`."""
+        return self.replace(length=take(self.length))
+
+
+def _shared_blocks(carry: tuple[jax.Array, jax.Array, jax.Array], shared: SharedKV, block_size: int,
+                   scores: Callable[[jax.Array, jax.Array], jax.Array],
+                   weigh: Callable[[jax.Array, jax.Array], jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Continues an online softmax over a shared segment's slots the rows attend, in blocks of
+    `block_size` (0: the whole segment at once), up to the longest row's: `scores(k, bias)` are the
+    rows' scores against a block's keys [KV, block, D] with the additive mask `bias` [rows, block],
+    `weigh(p, v)` the block's values weighted by the unnormalised probabilities."""
+    p = shared.key.shape[1]
+    block_size = min(block_size or p, p)
+    neg = jnp.finfo(jnp.float32).min
+
+    def body(i, carry):
+        start = jnp.minimum(i * block_size, p - block_size)  # an overhanging last block: as `_block_bias`
+        k = jax.lax.dynamic_slice_in_dim(shared.key, start, block_size, axis=1)
+        v = jax.lax.dynamic_slice_in_dim(shared.value, start, block_size, axis=1)
+        slots = start + jnp.arange(block_size)
+        bias = jnp.where((slots >= i * block_size)[None] & (slots[None] < shared.length[:, None]), 0.0, neg)
+        return _online_softmax(carry, scores(k, bias), lambda probs: weigh(probs, v))
+
+    return jax.lax.fori_loop(0, (jnp.max(shared.length) + block_size - 1) // block_size, body, carry)
+
+
+def _whole_after_shared(q: jax.Array, key: jax.Array, value: jax.Array, query_slots: jax.Array,
+                        key_valid: jax.Array, shared: SharedKV, *, scale: float) -> jax.Array:
+    """`cached_attention` in one pass over the whole segment and the whole cache: one softmax over
+    the scores of both."""
+    b, t, h, d = q.shape
+    kvh = key.shape[1]
+    qg = (q.astype(jnp.float32) * scale).reshape(b, t, kvh, h // kvh, d)
+    neg = jnp.finfo(jnp.float32).min
+    attended = jnp.arange(shared.key.shape[1])[None] < shared.length[:, None]  # [B, P]
+    seg = (jnp.einsum("btkgd,ksd->bkgts", qg, shared.key.astype(jnp.float32))
+           + jnp.where(attended, 0.0, neg)[:, None, None, None])
+    own = (jnp.einsum("btkgd,bksd->bkgts", qg, key.astype(jnp.float32))
+           + jnp.where(attention_mask(query_slots, key_valid), 0.0, neg)[:, :, None])
+    m = jnp.maximum(jnp.max(seg, axis=-1), jnp.max(own, axis=-1))[..., None]
+    seg, own = jnp.exp(seg - m), jnp.exp(own - m)
+    acc = (jnp.einsum("bkgts,ksd->bkgtd", seg, shared.value.astype(jnp.float32))
+           + jnp.einsum("bkgts,bksd->bkgtd", own, value.astype(jnp.float32)))
+    out = acc / jnp.maximum(jnp.sum(seg, axis=-1) + jnp.sum(own, axis=-1), jnp.finfo(jnp.float32).tiny)[..., None]
+    return jnp.moveaxis(out, 3, 1).reshape(b, t, h, d).astype(q.dtype)
 
 
 def _blocks_in_use(query_slots: jax.Array, s: int, block_size: int) -> jax.Array:
@@ -383,9 +450,9 @@ def _online_softmax(carry: tuple[jax.Array, jax.Array, jax.Array], scores: jax.A
 
 def _blocked_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots: jax.Array,
                              key_valid: jax.Array, num_blocks: jax.Array, *, block_size: int,
-                             scale: float) -> jax.Array:
-    """`cached_attention` over its first `num_blocks` blocks (`_blocks_in_use`), combined by an online
-    softmax; block_size <= S."""
+                             scale: float, shared: SharedKV | None = None) -> jax.Array:
+    """`cached_attention` over its first `num_blocks` blocks (`_blocks_in_use`), after the `shared`
+    segment's, combined by an online softmax; block_size <= S."""
     b, t, h, d = q.shape
     kvh, s = key.shape[1], key.shape[2]
     g = h // kvh
@@ -408,6 +475,11 @@ def _blocked_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, que
 
     init = (jnp.full((b, kvh, g, t), neg, jnp.float32), jnp.zeros((b, kvh, g, t), jnp.float32),
             jnp.zeros((b, kvh, g, t, d), jnp.float32))
+    if shared is not None:  # one product of every row's queries per block of the segment
+        init = _shared_blocks(
+            init, shared, block_size,
+            lambda k, bias: jnp.einsum("btkgd,ksd->bkgts", qg, k.astype(jnp.float32)) + bias[:, None, None, None],
+            lambda p, v: jnp.einsum("bkgts,ksd->bkgtd", p, v.astype(jnp.float32)))
     _, l, acc = jax.lax.fori_loop(0, num_blocks, body, init)
     out = acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]
     return jnp.moveaxis(out, 3, 1).reshape(b, t, h, d).astype(q.dtype)
@@ -415,7 +487,7 @@ def _blocked_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, que
 
 def _head_major_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, query_slots: jax.Array,
                                 key_valid: jax.Array, *, rows: int, block_size: int, scale: float,
-                                product_dtype: jnp.dtype = jnp.float32) -> jax.Array:
+                                product_dtype: jnp.dtype = jnp.float32, shared: SharedKV | None = None) -> jax.Array:
     """`cached_attention` of several new tokens per row on one device: `rows` rows at a time (a
     divisor of B), each group over its own blocks in use, combined by an online softmax.
 
@@ -455,6 +527,10 @@ def _head_major_cache_attention(q: jax.Array, key: jax.Array, value: jax.Array, 
 
         init = (jnp.full((rows, kvh, t * g), neg, jnp.float32), jnp.zeros((rows, kvh, t * g), jnp.float32),
                 jnp.zeros((rows, kvh, t * g, d), jnp.float32))
+        if shared is not None:
+            init = _shared_blocks(init, shared.rows(lambda x: jax.lax.dynamic_slice_in_dim(x, first, rows)),
+                                  block_size, lambda k, bias: product("bkqd,ksd->bkqs", qr, k) + bias[:, None, None],
+                                  lambda p, v: product("bkqs,ksd->bkqd", p, v))
         _, l, acc = jax.lax.fori_loop(0, _blocks_in_use(slots_in, s, block_size), body, init)
         part = acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]
         return jax.lax.dynamic_update_slice_in_dim(out, part, first, axis=0)
@@ -521,6 +597,7 @@ class Attention(nnx.Module):
         key_valid: jax.Array,
         kv_cache: tuple[jax.Array, jax.Array] | None = None,
         query_slots: jax.Array | None = None,
+        shared: SharedKV | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """Args:
           x: [B, T, hidden]; cos, sin: [B, T, rotary_dim].
@@ -529,6 +606,8 @@ class Attention(nnx.Module):
           kv_cache: (key, value) [B, KV, S, D] or None.
           query_slots: [B, T] cache slot of each new token (its key and value are written there;
             an out-of-range slot, for padding, writes nothing); with a cache only.
+          shared: keys and values of a prefix the rows share, attended before the cache's; with a
+            cache only.
         Returns:
           [B, T, hidden] and the updated (key, value) cache (None without one).
         """
@@ -555,7 +634,7 @@ class Attention(nnx.Module):
             out = cached_attention(q.astype(self.dtype), new_cache[0].astype(self.dtype),
                                    new_cache[1].astype(self.dtype), query_slots, key_valid,
                                    block_size=self.cache_block_size, scale=d**-0.5,
-                                   product_dtype=self.cache_product_dtype)
+                                   product_dtype=self.cache_product_dtype, shared=shared)
         elif 0 < self.block_size < t:
             out = blocked_causal_attention(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype),
                                            key_valid, block_size=self.block_size, scale=d**-0.5)

@@ -13,11 +13,18 @@ New sessions whose prompts share a prefix (the system prompt and tools of every 
 prompt of GRPO siblings) pre-fill it once, in one row at batch 1, and copy that row's state to the
 others; each then pre-fills only its own remainder (`shared_prefix_tokens` counts the tokens saved).
 The last such prefix's state is kept, so a session that starts later on it (continuous batching:
-an evaluation's next task under the same system prompt and skill) copies it in too. A session
-starting on a prompt of its own (the gate's random skill masks) beside sessions that add one
-observation each would set the width of the whole turn's pre-fill: its head is pre-filled apart, at
-batch 1 (once for siblings with the same prompt), where that computes fewer token columns. State is
-copied between rows one row at a time in place (a scatter made XLA:CPU rewrite the whole cache).
+an evaluation's next task under the same system prompt and skill) copies it in too. With
+`shared_prefix_slots`, the prefix's keys and values are not copied into each row at all: they are
+held once, in a segment of that many slots that every row on it attends before its own slots
+(`models.layers.SharedKV`), so a decode step reads them once for all rows, not once per row, and
+the rows' own slots hold only what follows. A new prefix replaces the segment only when no live
+session attends it; until then it is copied as above (after the segment, where it extends it).
+
+A session starting on a prompt of its own (the gate's random skill masks) beside sessions that add
+one observation each would set the width of the whole turn's pre-fill: its head is pre-filled
+apart, at batch 1 (once for siblings with the same prompt), where that computes fewer token
+columns. State is copied between rows one row at a time in place (a scatter made XLA:CPU rewrite
+the whole cache).
 
 Each row writes only its own real tokens at its own next slots (padding and idle rows cost none),
 so the cache needs as many slots as the longest live session. Attention reads every slot (with the
@@ -73,6 +80,9 @@ class SamplerConfig:
         trainer's, which the GRPO loss's truncated importance sampling corrects (`loss.tis_cap`).
       apart_call_cost: what a pre-fill call apart from the turn's batch costs beyond its tokens, in
         token columns: a long new history's head is pre-filled apart only where that saves more.
+      shared_prefix_slots: the size of the segment holding a prefix the sessions share, attended by
+        each of them and held once (0: none; a shared prefix's state is copied into each row).
+        Longer prefixes keep their first this many tokens there, the rest in the rows.
     """
 
     max_batch: int = 16
@@ -84,6 +94,7 @@ class SamplerConfig:
     seed: int = 0
     weight_dtype: Literal["auto", "float32", "bfloat16", "bfloat16_if_native"] = "auto"
     apart_call_cost: int = 64
+    shared_prefix_slots: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_length < 2 or self.min_cache_length < 1 or not self.cache_growth > 1:
@@ -92,8 +103,9 @@ class SamplerConfig:
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"sampler weight_dtype must be one of {', '.join(map(repr, WEIGHT_DTYPES))}, "
                              f"got {self.weight_dtype!r}")
-        if self.apart_call_cost < 0:
-            raise ValueError(f"sampler apart_call_cost must be >= 0, got {self.apart_call_cost}")
+        if self.apart_call_cost < 0 or self.shared_prefix_slots < 0:
+            raise ValueError("sampler apart_call_cost and shared_prefix_slots must be >= 0, got "
+                             f"{self.apart_call_cost} and {self.shared_prefix_slots}")
         for name in ("prefill_buckets", "decode_buckets"):
             b = getattr(self, name)
             if not b or list(b) != sorted(b) or b[0] < 1:
@@ -115,6 +127,7 @@ class SamplerConfig:
 class _Row:
     index: int
     cached: list[int]  # tokens whose state is in the cache (the last sampled token is not fed)
+    shared: int = 0  # of those, the first ones the row attends in the shared segment, not its own slots
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int:
@@ -166,7 +179,11 @@ class JaxSampler:
         self._key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed), seed), step)
 
     def flush(self) -> None:
-        self._prefix = None  # (tokens, a one-row cache holding their state): see generate
+        # (tokens, a one-row cache holding their state, how many of them it attends in the segment)
+        self._prefix = None
+        # (tokens, a one-row cache of shared_prefix_slots holding them) or None: `_segment_for`
+        self._segment = None if not self.config.shared_prefix_slots else (
+            [], init_cache(self.model_config, 1, self.config.shared_prefix_slots))
         self._rows.clear()
         self._free = list(range(self.config.max_batch))  # rows handed out in order again: replayable
         self._cache = self._empty_cache(1)
@@ -186,12 +203,6 @@ class JaxSampler:
         steps = self.config.decode_steps(params.max_new_tokens)
         if params.max_new_tokens > steps:
             raise ValueError(f"max_new_tokens {params.max_new_tokens} exceeds the largest decode bucket {steps}")
-        # A row's slots hold its own history only, so the longest session sets the cache size.
-        need = max(len(r.input_ids) for r in requests) + steps
-        if need > self.config.max_length:
-            raise RuntimeError(
-                f"a session needs {need} cache slots but sampler.max_length is {self.config.max_length}; "
-                "raise max_length or lower agent.max_context_tokens")
         new_tokens: dict[int, list[int]] = {}
         fresh: list[int] = []
         for r in requests:
@@ -208,11 +219,30 @@ class JaxSampler:
                             f"more than sampler.max_batch={self.config.max_batch} concurrent sessions; "
                             "release finished ones or raise max_batch")
                     row = self._rows[r.session] = _Row(self._free.pop(0), [])
+                row.shared = 0
                 fresh.append(row.index)
                 new_tokens[row.index] = ids
             row.cached = ids
         prefix, shared = self._shared_prefix(new_tokens, fresh)
         starting = list(fresh)
+        by_index = {row.index: row for row in self._rows.values()}
+        segment = self._segment_for(prefix, starting) if prefix else 0
+        reuse = []
+        if prefix:
+            for i in shared:
+                by_index[i].shared = segment
+        elif self._prefix is not None:  # sessions starting alone on the prefix an earlier call pre-filled
+            known, n = self._prefix[0], len(self._prefix[0])
+            reuse = [i for i in starting if len(new_tokens[i]) > n and new_tokens[i][:n] == known]
+            for i in reuse:
+                by_index[i].shared = self._prefix[2]
+        # A row's slots hold its own history only (after the shared segment's), so the longest
+        # session sets the cache size.
+        need = max(len(row.cached) - row.shared for row in (self._rows[r.session] for r in requests)) + steps
+        if need > self.config.max_length:
+            raise RuntimeError(
+                f"a session needs {need} cache slots but sampler.max_length is {self.config.max_length}; "
+                "raise max_length or lower agent.max_context_tokens")
         if not {row.index for row in self._rows.values()} - set(fresh):
             # Nothing in the cache is worth keeping: start over with the shortest cache that fits.
             self._cache, fresh = self._empty_cache(need), []
@@ -221,20 +251,20 @@ class JaxSampler:
         if fresh:
             self._reset_rows(fresh)
         if prefix:
-            self._prefill_apart(prefix, shared)
+            if segment:
+                self._reset_rows(shared, self._segment[1])
+            if len(prefix) > segment:
+                self._prefill_apart(prefix[segment:], shared)
             self.shared_prefix_tokens += len(prefix) * (len(shared) - 1)
             # Kept for sessions that start later on the same prefix (an evaluation's next tasks under
             # the same system prompt and skill): one row's state, copied in instead of pre-filled again.
-            self._prefix = (list(prefix), _take_rows(self._cache, jnp.asarray([shared[0]], jnp.int32)))
+            self._prefix = (list(prefix), _take_rows(self._cache, jnp.asarray([shared[0]], jnp.int32)), segment)
             for i in shared:
                 new_tokens[i] = new_tokens[i][len(prefix):]
-        if self._prefix is not None:  # sessions starting alone on the prefix an earlier call pre-filled
-            known, n = self._prefix[0], len(self._prefix[0])
-            reuse = [i for i in starting if i not in shared and len(new_tokens[i]) > n and new_tokens[i][:n] == known]
-            if reuse:
-                self._restore_prefix(reuse)
-                for i in reuse:
-                    new_tokens[i] = new_tokens[i][n:]
+        if reuse:
+            self._restore_prefix(reuse)
+            for i in reuse:
+                new_tokens[i] = new_tokens[i][len(self._prefix[0]):]
         # The turn runs on the requested rows alone where they fit a smaller row bucket: their cache
         # rows are gathered, pre-filled and decoded at that batch, and put back (idle rows would
         # otherwise cost as much as busy ones: a step's 16 episodes in a 32-row cache, the last
@@ -265,7 +295,8 @@ class JaxSampler:
         stop = jnp.asarray(list(params.stop_token_ids) or [-1], jnp.int32)
         tokens, logprobs, counts, cache = decode(
             self.graphdef, self.state, cache, logits, key, jnp.asarray(active), jnp.float32(params.temperature),
-            jnp.float32(params.top_p), stop, jnp.int32(params.max_new_tokens), steps=steps, top_k=params.top_k)
+            jnp.float32(params.top_p), stop, jnp.int32(params.max_new_tokens), steps=steps, top_k=params.top_k,
+            shared=self._shared())
         self._cache = cache if width == self.config.max_batch else _put_rows(self._cache, jnp.asarray(rows), cache)
         tokens, logprobs, counts = np.asarray(tokens), np.asarray(logprobs), np.asarray(counts)
         stop_set = set(params.stop_token_ids)
@@ -280,6 +311,44 @@ class JaxSampler:
         return out
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _shared(self) -> DecodeCache | None:
+        """The shared segment the programs read (an empty one until a prefix is installed)."""
+        return None if self._segment is None else self._segment[1]
+
+    def _segment_for(self, prefix: list[int], starting: Sequence[int]) -> int:
+        """How many of `prefix`'s tokens the rows starting on it attend in the shared segment: the
+        segment's where they begin it, else a new segment of them where no other live row attends
+        the old one, else none (the prefix is then copied into the rows)."""
+        if self._segment is None:
+            return 0
+        held = self._segment[0]
+        start = set(starting)
+        live = any(row.shared for row in self._rows.values() if row.index not in start)
+        fits = bool(held) and prefix[:len(held)] == held
+        if fits and (live or len(held) == min(len(prefix), self.config.shared_prefix_slots)):
+            return len(held)
+        if live:
+            return 0
+        tokens = prefix[:self.config.shared_prefix_slots]
+        segment = init_cache(self.model_config, 1, self.config.shared_prefix_slots)
+        for ids, mask in self._chunks(tokens):
+            _, segment = prefill(self.graphdef, self.state, segment, ids, mask)
+        self._segment = (list(tokens), segment)
+        return len(tokens)
+
+    def _chunks(self, tokens: list[int]):
+        """`tokens` as one-row pre-fill inputs: (ids, mask) [1, W], chunks of the largest bucket,
+        each left-padded to its bucket."""
+        big = self.config.prefill_buckets[-1]
+        for start in range(0, len(tokens), big):
+            piece = tokens[start:start + big]
+            width = _bucket(len(piece), self.config.prefill_buckets)
+            ids = np.zeros((1, width), np.int32)
+            mask = np.zeros((1, width), bool)
+            ids[0, width - len(piece):] = piece
+            mask[0, width - len(piece):] = True
+            yield jnp.asarray(ids), jnp.asarray(mask)
 
     def _shared_prefix(self, new_tokens: dict[int, list[int]], starting: Sequence[int]) -> tuple[list[int], list[int]]:
         """The prefix all rows starting from an empty state share, and those rows ([] when there is
@@ -354,25 +423,18 @@ class JaxSampler:
     def _empty_cache(self, need: int) -> DecodeCache:
         return init_cache(self.model_config, self.config.max_batch, self._cache_length(need))
 
-    def _reset_rows(self, rows: list[int]) -> None:
+    def _reset_rows(self, rows: list[int], origin: DecodeCache | None = None) -> None:
         mask = np.zeros(self.config.max_batch, bool)
         mask[rows] = True
-        self._cache = _reset_rows(self._cache, jnp.asarray(mask))
+        self._cache = _reset_rows(self._cache, jnp.asarray(mask), origin)
 
     def _prefill_apart(self, tokens: list[int], rows: list[int]) -> None:
         """Pre-fills `tokens` once, at batch 1, on top of the state of `rows[0]`, and writes the result
         into every row of `rows` (all of which hold that same state)."""
         targets = self._targets(rows)
-        big = self.config.prefill_buckets[-1]
-        for start in range(0, len(tokens), big):
-            piece = tokens[start:start + big]
-            width = _bucket(len(piece), self.config.prefill_buckets)
-            ids = np.zeros((1, width), np.int32)
-            mask = np.zeros((1, width), bool)
-            ids[0, width - len(piece):] = piece
-            mask[0, width - len(piece):] = True
-            self._cache = _prefill_apart(self.graphdef, self.state, self._cache, jnp.int32(rows[0]),
-                                         jnp.asarray(ids), jnp.asarray(mask), targets)
+        for ids, mask in self._chunks(tokens):
+            self._cache = _prefill_apart(self.graphdef, self.state, self._cache, jnp.int32(rows[0]), ids, mask,
+                                         targets, self._shared())
 
     def _targets(self, rows: Sequence[int]) -> jax.Array:
         """`rows` as a fixed-size index vector (max_batch entries, the rest out of range: dropped)."""
@@ -382,10 +444,10 @@ class JaxSampler:
 
     def _restore_prefix(self, rows: list[int]) -> None:
         """Puts the kept prefix's state into the (empty) rows `rows`."""
-        known, state = self._prefix
+        known, state, segment = self._prefix
         if state.max_length != self._cache.max_length:  # the cache grew or started over since
             state = _resized(state, self._cache.max_length)
-            self._prefix = (known, state)
+            self._prefix = (known, state, segment)
         self._cache = _put_rows(self._cache, self._targets(rows), state)
         self.shared_prefix_tokens += len(known) * len(rows)
 
@@ -404,7 +466,8 @@ class JaxSampler:
                 piece = toks[:width]
                 ids[i, width - len(piece):] = piece  # left padding: the last column is the newest token
                 mask[i, width - len(piece):] = True
-            step_logits, cache = prefill(self.graphdef, self.state, cache, jnp.asarray(ids), jnp.asarray(mask))
+            step_logits, cache = prefill(self.graphdef, self.state, cache, jnp.asarray(ids), jnp.asarray(mask),
+                                         self._shared())
             got = np.zeros(b, bool)
             got[list(pending)] = True
             logits = jnp.where(jnp.asarray(got)[:, None], step_logits, logits)
@@ -459,9 +522,9 @@ def for_sampling(model: nnx.Module, weight_dtype: str | None = None) -> nnx.Modu
 # share compiled programs (tests, weight swaps), and the cache buffers are donated. `prefill` and
 # `decode` are public so `intraskill_jax.compile_check` can compile them for TPU topologies.
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def prefill(graphdef, state, cache: DecodeCache, ids, mask):
+def prefill(graphdef, state, cache: DecodeCache, ids, mask, shared: DecodeCache | None = None):
     model = nnx.merge(graphdef, state)
-    hidden, cache = model.hidden_states(ids, mask, cache=cache)
+    hidden, cache = model.hidden_states(ids, mask, cache=cache, shared=shared)
     return model.logits(hidden[:, -1]), cache
 
 
@@ -470,7 +533,8 @@ def _map_rows(fn, cache: DecodeCache, *others: DecodeCache) -> DecodeCache:
     layers = tuple(jax.tree.map(fn, layer, *(o.layers[i] for o in others)) for i, layer in enumerate(cache.layers))
     return DecodeCache(layers=layers, key_valid=fn(cache.key_valid, *(o.key_valid for o in others)),
                        length=fn(cache.length, *(o.length for o in others)),
-                       next_position=fn(cache.next_position, *(o.next_position for o in others)))
+                       next_position=fn(cache.next_position, *(o.next_position for o in others)),
+                       shared_length=fn(cache.shared_length, *(o.shared_length for o in others)))
 
 
 @jax.jit
@@ -501,17 +565,18 @@ _put_rows = jax.jit(_write_rows, donate_argnums=(0,))
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _prefill_apart(graphdef, state, cache: DecodeCache, source, ids, mask, targets) -> DecodeCache:
+def _prefill_apart(graphdef, state, cache: DecodeCache, source, ids, mask, targets,
+                   shared: DecodeCache | None = None) -> DecodeCache:
     """Pre-fills ids [1, W] on row `source` alone, then writes its state into the rows `targets`."""
     model = nnx.merge(graphdef, state)
     one = _map_rows(lambda x: jax.lax.dynamic_slice_in_dim(x, source, 1, axis=0), cache)
-    _, one = model.hidden_states(ids, mask, cache=one)
+    _, one = model.hidden_states(ids, mask, cache=one, shared=shared)
     return _write_rows(cache, targets, one)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k"), donate_argnums=(2,))
 def decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature, top_p, stop_ids, max_new, *,
-            steps: int, top_k: int):
+            steps: int, top_k: int, shared: DecodeCache | None = None):
     model = nnx.merge(graphdef, state)
     b = logits.shape[0]
 
@@ -529,7 +594,7 @@ def decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature
         feed = alive & ~jnp.isin(tok, stop_ids) & (counts < max_new)
 
         def step(cache):
-            hidden, cache = model.hidden_states(tok[:, None], feed[:, None], cache=cache)
+            hidden, cache = model.hidden_states(tok[:, None], feed[:, None], cache=cache, shared=shared)
             return model.logits(hidden[:, -1]), cache
 
         logits, cache = jax.lax.cond(jnp.any(feed), step, lambda c: (logits, c), cache)
@@ -554,18 +619,23 @@ def _resized(cache: DecodeCache, length: int) -> DecodeCache:
     layers = tuple(AttentionCache(key=pad(layer.key, 2), value=pad(layer.value, 2))
                    if isinstance(layer, AttentionCache) else layer for layer in cache.layers)
     return DecodeCache(layers=layers, key_valid=pad(cache.key_valid, 1), length=cache.length,
-                       next_position=cache.next_position)
+                       next_position=cache.next_position, shared_length=cache.shared_length)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
-def _reset_rows(cache: DecodeCache, rows: jax.Array) -> DecodeCache:
-    """Zeroes the recurrent and conv state of `rows` and invalidates their KV slots."""
+def _reset_rows(cache: DecodeCache, rows: jax.Array, origin: DecodeCache | None = None) -> DecodeCache:
+    """Empties `rows` [B] (a mask): their KV slots invalidated, their recurrent and conv state zeroed,
+    or, with `origin` (the shared segment: a one-row cache), set to its state after its tokens,
+    which they then attend as a shared prefix."""
     layers = []
-    for layer in cache.layers:
+    for i, layer in enumerate(cache.layers):
         if isinstance(layer, DeltaNetCache):
+            start = origin.layers[i] if origin is not None else DeltaNetCache(conv_state=0, recurrent_state=0)
             layer = DeltaNetCache(
-                conv_state=jnp.where(rows[:, None, None], 0, layer.conv_state),
-                recurrent_state=jnp.where(rows[:, None, None, None], 0, layer.recurrent_state))
+                conv_state=jnp.where(rows[:, None, None], start.conv_state, layer.conv_state),
+                recurrent_state=jnp.where(rows[:, None, None, None], start.recurrent_state, layer.recurrent_state))
         layers.append(layer)
+    shared = 0 if origin is None else origin.length[0]
     return DecodeCache(layers=tuple(layers), key_valid=cache.key_valid & ~rows[:, None],
-                       length=jnp.where(rows, 0, cache.length), next_position=jnp.where(rows, 0, cache.next_position))
+                       length=jnp.where(rows, 0, cache.length), next_position=jnp.where(rows, shared, cache.next_position),
+                       shared_length=jnp.where(rows, shared, cache.shared_length))

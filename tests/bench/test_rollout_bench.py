@@ -68,19 +68,34 @@ def test_a_checkpoint_on_a_run_configs_shop_plays_the_same_episodes_on_both_side
     assert 2 <= played["turns_played"] <= 2 * 2
 
 
-def test_the_sampler_weights_benchmark_plays_the_same_episodes_with_each_dtype(micro_size: str):
-    """`bench.sampler_weights`: float32 and bfloat16 samplers over the same weights play the same
-    tasks in alternating rounds; the JSON says which was faster and whether this CPU multiplies
-    bfloat16 in hardware (the verdict `weight_dtype = "bfloat16_if_native"` goes by)."""
-    from intraskill_jax.bench import sampler_weights
+def test_the_sampler_benchmark_plays_the_same_episodes_with_each_setting(micro_size: str):
+    """`bench.sampler`: float32 and bfloat16 samplers over the same weights (its default setting)
+    play the same tasks in alternating rounds; the JSON says which was faster and whether this CPU
+    multiplies bfloat16 in hardware (the verdict `weight_dtype = "bfloat16_if_native"` goes by)."""
+    from intraskill_jax.bench import sampler
     from intraskill_jax.rollout.jax_sampler import native_bfloat16_products
 
-    result = sampler_weights.run(episodes=2, turns=2, new_tokens=4, size=micro_size, rounds=2)
+    result = sampler.run(episodes=2, turns=2, new_tokens=4, size=micro_size, rounds=2)
     assert result["native_bfloat16"] is native_bfloat16_products()
-    for w in sampler_weights.WEIGHTS:
-        assert len(result["rounds"][w]) == 2
+    labels = ["weight_dtype=float32", "weight_dtype=bfloat16"]
+    assert sorted(result["rounds"]) == sorted(labels)
+    for label in labels:
+        assert len(result["rounds"][label]) == 2
         # Random weights never stop early: every round plays the whole turn budget.
-        assert all(r["turns"] == 2 * 2 and 0 < r["generated_tokens"] <= 2 * 2 * 4 for r in result["rounds"][w])
-        assert result["best"][w]["seconds"] == min(r["seconds"] for r in result["rounds"][w])
-    assert result["bfloat16_speedup"] == pytest.approx(result["best"]["float32"]["seconds"] /
-                                                       result["best"]["bfloat16"]["seconds"])
+        assert all(r["turns"] == 2 * 2 and 0 < r["generated_tokens"] <= 2 * 2 * 4 for r in result["rounds"][label])
+        assert result["best"][label]["seconds"] == min(r["seconds"] for r in result["rounds"][label])
+    assert result["speedup"] == pytest.approx(result["best"][labels[0]]["seconds"] / result["best"][labels[1]]["seconds"])
+    assert 0 <= result["identical_episodes"] <= 2
+
+
+def test_the_sampler_benchmark_compares_a_shared_prefix_segment_on_skill_prompts(micro_size: str):
+    """`--setting shared_prefix_slots=0,256 --skill`: the initial bank in every system prompt, the
+    prefix copied into each row against held once; both play the same episodes, token for token."""
+    from intraskill_jax.bench import sampler
+
+    result = sampler.run(episodes=2, turns=2, new_tokens=4, size=micro_size, rounds=1,
+                         setting="shared_prefix_slots=0,256", skill=True)
+    assert result["config"]["skill"] and sorted(result["rounds"]) == ["shared_prefix_slots=0", "shared_prefix_slots=256"]
+    assert result["identical_episodes"] == 2
+    with pytest.raises(ValueError, match="NAME=A,B"):
+        sampler.parse_setting("no_such_field=1,2")

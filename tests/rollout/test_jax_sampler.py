@@ -11,7 +11,7 @@ from flax import nnx
 from intraskill_jax.models import causal_lm_class, token_logprobs
 from intraskill_jax.models import layers
 from intraskill_jax.models.layers import Linear
-from intraskill_jax.rollout.base import GenerateRequest, SamplingParams
+from intraskill_jax.rollout.base import GenerateRequest, SamplingParams, WeightUpdate
 from intraskill_jax.rollout.jax_sampler import JaxSampler
 
 from tests.rollout.tiny_models import SMALL, make_model
@@ -53,7 +53,8 @@ def prompts(seed, n, lo=3, hi=40):
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3", "llama"])
 def model(request):
-    return make_model(request.param)
+    yield make_model(request.param)
+    jax.clear_caches()  # a family's programs, not needed again (`conftest.release_compiled_programs`)
 
 
 
@@ -239,8 +240,9 @@ def test_rows_use_only_their_own_slots_and_overlong_sessions_are_refused(model):
     assert c.token_ids == greedy_reference(model, history["A"], 8)
 
 
-def test_a_shared_prompt_prefix_is_prefilled_once_and_stays_exact(model):
-    sampler = JaxSampler(model, small())
+@pytest.mark.parametrize("segment", [0, 16])
+def test_a_shared_prompt_prefix_is_prefilled_once_and_stays_exact(model, segment):
+    sampler = JaxSampler(model, small(shared_prefix_slots=segment))
     common = prompts(6, 1, 20, 21)[0]
     ps = [common, common + [31, 32, 33], common + [34], common + [31, 32, 33]]
     params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
@@ -298,11 +300,13 @@ def test_a_turn_of_few_sessions_runs_on_their_rows_alone(model, monkeypatch):
     assert widths == [4, 2]
 
 
-def test_a_session_starting_later_on_a_kept_prefix_copies_its_state(model):
+@pytest.mark.parametrize("segment", [0, 16])
+def test_a_session_starting_later_on_a_kept_prefix_copies_its_state(model, segment):
     """Three sessions start together on a common prefix (pre-filled once and kept); sessions that
     start alone later on it copy its state in, also after the cache restarted at another length; one
-    starting elsewhere pre-fills everything. Every completion stays the uncached reference's."""
-    sampler = JaxSampler(model, small(min_cache_length=64))
+    starting elsewhere pre-fills everything. Every completion stays the uncached reference's, also
+    where the prefix's first 16 tokens are held in a shared segment."""
+    sampler = JaxSampler(model, small(min_cache_length=64, shared_prefix_slots=segment))
     common = prompts(8, 1, 24, 25)[0]
     params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
 
@@ -322,7 +326,8 @@ def test_a_session_starting_later_on_a_kept_prefix_copies_its_state(model):
     for s in "BCDE":
         sampler.release(s)
     turn("F", common + [50] * 100)  # a fresh cache, longer than the one the prefix was kept at
-    assert sampler.cache_length == 160 and sampler.shared_prefix_tokens == 24 * 4
+    # (its own slots: the 125 tokens and 8 new, but those in the segment)
+    assert sampler.cache_length == (160 if not segment else 128) and sampler.shared_prefix_tokens == 24 * 4
     sampler.release("F")
     turn("G", common + [60])  # and a shorter one again: the kept state is cut to it
     assert sampler.cache_length == 64 and sampler.shared_prefix_tokens == 24 * 5
@@ -338,7 +343,7 @@ def test_a_long_new_history_is_prefilled_apart_and_siblings_share_it(model, monk
 
     widths = []
     batched = js.prefill
-    monkeypatch.setattr(js, "prefill", lambda g, s, cache, ids, mask: widths.append(ids.shape) or batched(g, s, cache, ids, mask))
+    monkeypatch.setattr(js, "prefill", lambda g, s, cache, ids, mask, *shared: widths.append(ids.shape) or batched(g, s, cache, ids, mask, *shared))
     sampler = JaxSampler(model, small(apart_call_cost=16))
     params = SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=(STOP,))
     common, a, b = prompts(10, 1, 10, 11)[0], prompts(11, 1, 40, 41)[0], prompts(12, 1, 40, 41)[0]
@@ -357,3 +362,60 @@ def test_a_long_new_history_is_prefilled_apart_and_siblings_share_it(model, monk
     for s, c in zip([s for s in history if s != "B2"], got, strict=True):
         assert c.token_ids == greedy_reference(model, history[s], 6), s
     assert sampler.apart_tokens == 2 * 32 + 62 and widths == [(4, 8)]
+
+
+@pytest.mark.parametrize("cache_block_size", [0, 16])
+def test_a_shared_segment_holds_a_prefix_once_for_the_rows_that_attend_it(model, cache_block_size):
+    """With `shared_prefix_slots`, three sessions starting on a common 30-token prefix attend its
+    first 24 tokens in a segment held once (the other 5 shared ones are copied into their rows), and
+    their rows hold only what follows; so does a session starting alone later on the kept prefix.
+    While sessions attend the segment, two starting on a prefix of their own copy it into their
+    rows (the segment stays), and two on a longer prefix that begins with the segment attend it and
+    copy the rest. Once no session is live a new prefix replaces the segment; new weights drop it.
+    Every completion stays the uncached reference's, with the cache read whole and in blocks."""
+    sampled = variant(model, cache_block_size=cache_block_size) if cache_block_size else model
+    sampler = JaxSampler(sampled, small(shared_prefix_slots=24, min_cache_length=32))
+    params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
+    history = {}
+
+    def turn(sessions):
+        got = sampler.generate([GenerateRequest(s, history[s]) for s in sessions], params)
+        for s, c in zip(sessions, got, strict=True):
+            assert c.token_ids == greedy_reference(model, history[s], 8), s
+            history[s] = history[s] + c.token_ids + [60, 61, 62]
+
+    def attends(*sessions):
+        return [sampler._rows[s].shared for s in sessions]
+
+    common, other = prompts(20, 1, 30, 31)[0], prompts(21, 1, 30, 31)[0]
+    history.update(A=common + [30], B=common + [31, 32], C=common + [33])
+    turn("ABC")
+    assert sampler._segment[0] == common[:24] and attends("A", "B", "C") == [24] * 3
+    own = np.asarray(sampler._cache.length)
+    for s in "ABC":  # a row's own slots hold its history past the segment
+        assert own[sampler._rows[s].index] == len(sampler._rows[s].cached) - 24
+    turn("AB")
+    sampler.release("C")
+    history["D"] = common + [34, 35]
+    turn("D")  # alone, on the kept prefix: its state (the segment attended, the rest) copied in
+    assert attends("D") == [24]
+    sampler.release("D")
+    history.update(E=other + [36], F=other + [37])
+    turn("EF")  # A and B attend the segment: this prefix is copied into the new rows
+    assert sampler._segment[0] == common[:24] and attends("E", "F") == [0, 0]
+    turn("ABEF")
+    for s in "EF":
+        sampler.release(s)
+    history.update(G=common + [40] * 6 + [41], H=common + [40] * 6 + [42])
+    turn("GH")  # begins with the segment: attends it, the 12 tokens after it copied
+    assert sampler._segment[0] == common[:24] and attends("G", "H") == [24, 24]
+    turn("ABGH")
+    for s in "ABGH":
+        sampler.release(s)
+    history.update(I=other + [43], J=other + [44])
+    turn("IJ")  # nothing attends the old segment: replaced
+    assert sampler._segment[0] == other[:24] and attends("I", "J") == [24, 24]
+    sampler.update_weights(WeightUpdate(version=1, load_model=lambda: sampled, publish=lambda: ""))
+    assert sampler._segment[0] == []
+    history["K"] = other + [45]
+    turn("K")
