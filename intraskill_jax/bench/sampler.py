@@ -30,7 +30,6 @@ from absl import flags
 from sim import flagparse
 
 from intraskill_jax import allocator
-from intraskill_jax.agent.episode import EpisodeSpec
 from intraskill_jax.bench.rollout import define_episode_flags, play_episodes, setup_episodes
 from intraskill_jax.rollout.jax_sampler import JaxSampler, SamplerConfig, native_bfloat16_products
 
@@ -53,17 +52,8 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
         kernels: str = "cpu", model_path: str | None = None, config_path: str | None = None,
         setting: str = DEFAULT_SETTING, skill: bool = False) -> dict[str, Any]:
     name, values = parse_setting(setting)
-    world, tok, model, sampling, agent, tasks, sampler = setup_episodes(episodes, turns, new_tokens, size, kernels,
-                                                                        model_path, config_path)
-    specs = [EpisodeSpec(int(t)) for t in tasks]
-    if skill:
-        from intraskill_jax import runconfig
-        from intraskill_jax.skills.bank import SkillBank
-        from intraskill_jax.skills.masks import retry_context
-
-        run_config = runconfig.load_file(config_path) if config_path else runconfig.RunConfig()
-        context = retry_context(SkillBank.load(run_config.skills.initial), run_config.sim.catalog.lang)
-        specs = [dataclasses.replace(s, context=context) for s in specs]
+    world, tok, model, sampling, agent, specs, sampler = setup_episodes(episodes, turns, new_tokens, size, kernels,
+                                                                        model_path, config_path, skill=skill)
     labels = [f"{name}={v}" for v in values]
     engines = {label: JaxSampler(model, dataclasses.replace(sampler, **{name: v})) for label, v in zip(labels, values)}
     for label, engine in engines.items():
@@ -106,8 +96,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         define_episode_flags(values, size="smollm2")
         flags.DEFINE_string("setting", DEFAULT_SETTING, "NAME=A,B: a rollout.sampler field and its two values",
                             flag_values=values)
-        flags.DEFINE_bool("skill", False, "the run's initial skill bank, whole, in every system prompt",
-                          flag_values=values)
 
     args = flagparse.parse("python -m intraskill_jax.bench.sampler", __doc__, define, argv)
     result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.kernels, args.model_path,

@@ -47,6 +47,22 @@ def test_a_bfloat16_sampler_against_the_float32_reference_without_the_update(mic
     assert not any(name.startswith("update") for name in result)
 
 
+def test_the_skill_flag_puts_the_initial_bank_in_every_prompt_on_both_sides(micro_size: str):
+    """`--skill`: both engines play the episodes with the run config's initial bank in the system
+    prompt, so every episode is longer than bare by at least the bank's text."""
+    from intraskill_jax import runconfig
+    from intraskill_jax.skills.bank import SkillBank
+
+    played = {skill: bench.run(episodes=2, turns=1, new_tokens=4, size=micro_size, rounds=1, update_repeats=0,
+                               skill=skill)["config"] for skill in (False, True)}
+    assert played[True]["skill"] and not played[False]["skill"]
+    assert played[True]["turns_played"] == played[True]["turns_played_ref"] == 2
+    bank = SkillBank.load(runconfig.RunConfig().skills.initial)
+    words = sum(len(chunk.text("en").split()) for chunk in bank.active)
+    # The bench's tokenizer is trained on the shop's titles: a word of the bank is one token or more.
+    assert played[True]["final_tokens_per_episode"] - played[False]["final_tokens_per_episode"] >= words
+
+
 def test_a_checkpoint_on_a_run_configs_shop_plays_the_same_episodes_on_both_sides(tmp_path):
     """`--model-path` with `--config`: both engines load the checkpoint's weights (not random ones)
     and play the config's shop and agent loop: greedy, the same weights give the same episodes."""
