@@ -83,6 +83,9 @@ class SamplerConfig:
       shared_prefix_slots: the size of the segment holding a prefix the sessions share, attended by
         each of them and held once (0: none; a shared prefix's state is copied into each row).
         Longer prefixes keep their first this many tokens there, the rest in the rows.
+      decode_halvings: how many times a decode call may halve its batch, going on with the rows
+        still generating once they are at most half of it (`decode`): for backends where a step's
+        cost follows its rows (a CPU); each halving compiles one more loop into the program.
     """
 
     max_batch: int = 16
@@ -95,6 +98,7 @@ class SamplerConfig:
     weight_dtype: Literal["auto", "float32", "bfloat16", "bfloat16_if_native"] = "auto"
     apart_call_cost: int = 64
     shared_prefix_slots: int = 0
+    decode_halvings: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_length < 2 or self.min_cache_length < 1 or not self.cache_growth > 1:
@@ -103,9 +107,9 @@ class SamplerConfig:
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"sampler weight_dtype must be one of {', '.join(map(repr, WEIGHT_DTYPES))}, "
                              f"got {self.weight_dtype!r}")
-        if self.apart_call_cost < 0 or self.shared_prefix_slots < 0:
-            raise ValueError("sampler apart_call_cost and shared_prefix_slots must be >= 0, got "
-                             f"{self.apart_call_cost} and {self.shared_prefix_slots}")
+        if min(self.apart_call_cost, self.shared_prefix_slots, self.decode_halvings) < 0:
+            raise ValueError("sampler apart_call_cost, shared_prefix_slots and decode_halvings must be >= 0, got "
+                             f"{self.apart_call_cost}, {self.shared_prefix_slots} and {self.decode_halvings}")
         for name in ("prefill_buckets", "decode_buckets"):
             b = getattr(self, name)
             if not b or list(b) != sorted(b) or b[0] < 1:
@@ -296,7 +300,7 @@ class JaxSampler:
         tokens, logprobs, counts, cache = decode(
             self.graphdef, self.state, cache, logits, key, jnp.asarray(active), jnp.float32(params.temperature),
             jnp.float32(params.top_p), stop, jnp.int32(params.max_new_tokens), steps=steps, top_k=params.top_k,
-            shared=self._shared())
+            shared=self._shared(), halvings=self.config.decode_halvings)
         self._cache = cache if width == self.config.max_batch else _put_rows(self._cache, jnp.asarray(rows), cache)
         tokens, logprobs, counts = np.asarray(tokens), np.asarray(logprobs), np.asarray(counts)
         stop_set = set(params.stop_token_ids)
@@ -574,15 +578,19 @@ def _prefill_apart(graphdef, state, cache: DecodeCache, source, ids, mask, targe
     return _write_rows(cache, targets, one)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k"), donate_argnums=(2,))
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k", "halvings"),
+                   donate_argnums=(2,))
 def decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature, top_p, stop_ids, max_new, *,
-            steps: int, top_k: int, shared: DecodeCache | None = None):
+           steps: int, top_k: int, shared: DecodeCache | None = None, halvings: int = 0):
+    """Samples up to `steps` tokens per `active` row, each fed back while its row still generates.
+
+    With `halvings`, once at most half the rows still generate, they go on alone at half the batch
+    (their cache rows copied out, and back when they end), as many times: on a CPU a step's
+    products and cache reads cost what its rows do, and the replies of a turn end at different
+    steps (SmolLM2's first turn: 64 steps for a mean of 40 tokens), so its last steps ran for a few
+    rows at the price of all."""
     model = nnx.merge(graphdef, state)
     b = logits.shape[0]
-
-    def cond(carry):
-        i, _, _, _, alive, *_ = carry
-        return (i < steps) & jnp.any(alive)
 
     def body(carry):
         i, cache, logits, key, alive, tokens, lps, counts = carry
@@ -600,9 +608,30 @@ def decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature
         logits, cache = jax.lax.cond(jnp.any(feed), step, lambda c: (logits, c), cache)
         return i + 1, cache, logits, key, feed, tokens, lps, counts
 
+    def run(carry, halvings):
+        rows = carry[2].shape[0]
+        halve = halvings > 0 and rows % 2 == 0
+        floor = rows // 2 if halve else 0
+        carry = jax.lax.while_loop(lambda c: (c[0] < steps) & (jnp.sum(c[4]) > floor), body, carry)
+        if not halve:
+            return carry
+
+        def on_half(carry):
+            i, cache, logits, key, alive, tokens, lps, counts = carry
+            # The rows still generating first, in order: at most `floor` of them.
+            idx = jnp.argsort(~alive, stable=True)[:floor]
+            part = (i, _map_rows(lambda x: x[idx], cache), logits[idx], key, alive[idx], tokens[idx], lps[idx],
+                    counts[idx])
+            i, part_cache, logits_part, key, alive_part, tokens_part, lps_part, counts_part = run(part, halvings - 1)
+            return (i, _write_rows(cache, idx, part_cache), logits.at[idx].set(logits_part), key,
+                    alive.at[idx].set(alive_part), tokens.at[idx].set(tokens_part), lps.at[idx].set(lps_part),
+                    counts.at[idx].set(counts_part))
+
+        return jax.lax.cond((carry[0] < steps) & jnp.any(carry[4]), on_half, lambda c: c, carry)
+
     init = (jnp.int32(0), cache, logits, key, active, jnp.zeros((b, steps), jnp.int32),
             jnp.zeros((b, steps), jnp.float32), jnp.zeros((b,), jnp.int32))
-    _, cache, _, _, _, tokens, lps, counts = jax.lax.while_loop(cond, body, init)
+    _, cache, _, _, _, tokens, lps, counts = run(init, halvings)
     return tokens, lps, counts, cache
 
 
