@@ -128,7 +128,6 @@ def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[C
     provenance.record_session(workdir, "eval", world)
     rows: list[dict[str, Any]] = []
     traces: list[dict[str, Any]] = []  # a success and a failure per condition, whole, for the report
-    bar = progress.stage("evaluation", len(conditions) * len(tasks), unit="episode")
     mesh = default_mesh(config)
     for version, policy in enumerate(dict.fromkeys(c.policy for c in conditions)):
         path = paths[policy]
@@ -143,9 +142,14 @@ def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[C
             bank = banks[cond.skill]
             mask = None if bank is None else (cond.mask if cond.mask is not None else bank.full_mask())
             ctx = SkillContext(bank.render(mask, lang), mask) if bank is not None else SkillContext()
-            with provenance.stage(workdir, "evaluation", condition=cond.name, episodes=len(tasks)):
+            # A stage per condition, told episode by episode: conditions differ in cost (the zero-shot
+            # model's episodes end after a few unparsed replies, at a third of the others'), so each
+            # is timed at its own rate once it runs.
+            with (provenance.stage(workdir, "evaluation", condition=cond.name, episodes=len(tasks)),
+                  progress.stage(evaluation_stage(cond.name), len(tasks), unit="episode") as bar):
                 trajs = play(engine, world, tokenizer, policy_configs[policy], tasks, [ctx] * len(tasks),
-                             config.eval.sampling, prefix=f"eval-{cond.name}", seed=(config.eval.seed, 0))
+                             config.eval.sampling, prefix=f"eval-{cond.name}", seed=(config.eval.seed, 0),
+                             on_done=bar.update)
             traces += [{**transcript.episode_transcript(t, tokenizer, world.catalog.tasks[t.task_id]),
                         "condition": cond.name} for t in transcript.examples(trajs)]
             for t in trajs:
@@ -155,13 +159,16 @@ def evaluate(config: RunConfig, workdir: rundir.PathLike, conditions: Sequence[C
                              "chunks": [] if bank is None else [c for c, on in zip(bank.active_ids, mask) if on]})
             success = sum(t.success for t in trajs) / len(trajs)
             log.info("%s: success %.3f over %d tasks", cond.name, success, len(trajs))
-            bar.update(len(trajs), **{cond.name: f"{success:.3f}"})
-    bar.close()
     rundir.write_jsonl(out or rundir.eval_outcomes_path(workdir), rows)
     rundir.reached("eval_recorded")
     if out is None:  # the default conditions' examples; another table (the ranking) keeps its own rows only
         rundir.write_jsonl(rundir.eval_traces_path(workdir), traces)
     return rows
+
+
+def evaluation_stage(condition: str) -> str:
+    """The progress stage that plays `condition` (`main.job_plan` plans one per condition)."""
+    return f"evaluation {condition}"
 
 
 def ranking_conditions(bank: SkillBank, k: int, seed: int = 0) -> list[Condition]:
@@ -178,7 +185,15 @@ def ranking_conditions(bank: SkillBank, k: int, seed: int = 0) -> list[Condition
     def subset(idx: Sequence[int]) -> tuple[int, ...]:
         return tuple(int(j in set(int(i) for i in idx)) for j in range(len(ids)))
 
-    return [Condition(f"top{k}", "trained", "final", subset(order[:k])),
-            Condition(f"bottom{k}", "trained", "final", subset(order[-k:])),
-            Condition(f"random{k}", "trained", "final", subset(random)),
-            DEFAULT["trained_bare"], DEFAULT["trained_skill"]]
+    top, bottom, rand, *default = ranking_names(k)
+    return [Condition(top, "trained", "final", subset(order[:k])),
+            Condition(bottom, "trained", "final", subset(order[-k:])),
+            Condition(rand, "trained", "final", subset(random)),
+            *(DEFAULT[name] for name in default)]
+
+
+def ranking_names(k: int) -> list[str]:
+    """The names of `ranking_conditions(bank, k)`, in order."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return [f"top{k}", f"bottom{k}", f"random{k}", "trained_bare", "trained_skill"]

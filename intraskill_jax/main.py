@@ -48,13 +48,15 @@ def _define_flags(values: flags.FlagValues, argv: Sequence[str]) -> None:
                       flag_values=values)
 
 
-def job_plan(config: runconfig.RunConfig, command: str) -> list[Planned]:
+def job_plan(config: runconfig.RunConfig, command: str, conditions: Sequence[str] | None = None) -> list[Planned]:
     """The stages `command` runs, with prior costs: work and compiling seconds measured for
     configs/quickstart.py on two CPU cores (an AMD EPYC, 2026-12-06), the work scaled by each stage's
     size. The display rescales the work by the speed it observes and the compiling by how the
     finished stages' compiling compared, and replaces a running stage's prior work with its own
     rate. The stages that play episodes are one kind: on a larger model their cost grows unlike the
-    warm start's (docs/performance.md: the SmolLM2 run's ETA)."""
+    warm start's (docs/performance.md: the SmolLM2 run's ETA). The evaluation is a stage per
+    condition (`conditions`' names, default `eval.conditions`), each timed at its own rate once it
+    runs."""
     ws, t, sk = config.warm_start, config.train, config.skills
     episode = 0.04  # work seconds per evaluation episode at the quickstart's size
     updates = math.ceil(0.7 * ws.num_demos / ws.sft.batch_size) * ws.sft.epochs  # ~70% of oracle runs succeed
@@ -65,10 +67,14 @@ def job_plan(config: runconfig.RunConfig, command: str) -> list[Planned]:
                      kind="episodes"),
              Planned("gate", t.rounds if sk.mode == "coevolve" else 0, per_unit=0.065 * arms * sk.validation_tasks,
                      startup=10.0, kind="episodes")]
-    conditions = 5 if command == "rank" else len(config.eval.conditions)
-    evaluation = [Planned("evaluation", conditions * config.eval.num_tasks, per_unit=episode, startup=5.0,
-                          kind="episodes")]
-    report = [Planned("report", 5, per_unit=2.5)]
+    evaluation = []
+    if command in ("eval", "rank", "multiseed", "quickstart"):
+        from intraskill_jax.evaluate import evaluation_stage
+
+        names = list(conditions or config.eval.conditions)
+        evaluation = [Planned(evaluation_stage(name), config.eval.num_tasks, per_unit=episode,
+                              startup=5.0 / len(names), kind="episodes") for name in names]
+    report = [Planned("report", 5, per_unit=2.5, scales=False)]  # ~9 s for the SmolLM2 run as for the quickstart
     return {"sft": train[:2], "train": train, "eval": evaluation, "rank": evaluation, "multiseed": train + evaluation,
             "quickstart": train + evaluation + report}[command]
 
@@ -97,8 +103,18 @@ def _setup(command: str, args: types.SimpleNamespace):
         # and see other replies, so the processes would feed the global programs different inputs.
         raise SystemExit(f"{prog}: on several processes the LLM shopper (sim.shopper.backend=openai) needs "
                          "rollout.engine=sglang (process 0 plays the episodes); or set sim.shopper.backend=rule")
+    conditions = None
+    if command == "rank" or (command in ("eval", "quickstart") and args.conditions):
+        from intraskill_jax.evaluate import parse_condition, ranking_names
+
+        try:
+            conditions = (ranking_names(args.k) if command == "rank"
+                          else [parse_condition(c).name for c in args.conditions])
+        except ValueError as e:
+            flagparse.usage_error(prog, f"--{'k' if command == 'rank' else 'conditions'}: {e}")
     # One display: the other processes run the same stages in lockstep.
-    return config, workdir, Progress(job_plan(config, command), enabled=not args.quiet and distributed.is_main_process())
+    return config, workdir, Progress(job_plan(config, command, conditions),
+                                     enabled=not args.quiet and distributed.is_main_process())
 
 
 def _train(config, workdir, progress):

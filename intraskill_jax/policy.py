@@ -12,7 +12,7 @@ the evaluation) rolls the policy out on the shop: seeded, so the same call repla
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -140,8 +140,9 @@ def load_tokenizer(path: rundir.PathLike, agent: AgentConfig) -> Any:
 
 def play(engine: RolloutEngine, world: World, tokenizer: Any, config: RunConfig, task_ids: Sequence[int],
          contexts: Sequence[SkillContext], sampling: SamplingParams, *, prefix: str,
-         seed: tuple[int, int]) -> list[Trajectory]:
-    """One episode per (task, context), seeded so the same call replays the same episodes."""
+         seed: tuple[int, int], on_done: Callable[[int], None] | None = None) -> list[Trajectory]:
+    """One episode per (task, context), seeded so the same call replays the same episodes;
+    `on_done(n)` is told as episodes end (`agent.episode.run_episodes`)."""
     engine.reseed(*seed)
     return run_groups(engine, lambda: ShopEnv(world), tokenizer, task_ids, contexts, sampling, config.agent,
-                      prefix=prefix, max_concurrent=config.rollout.capacity)
+                      prefix=prefix, max_concurrent=config.rollout.capacity, on_done=on_done)

@@ -17,7 +17,8 @@ not mostly compile), or, before that, at its prior rate scaled by how fast the j
 against its priors so far: against the priors of its own kind once a stage of that kind has a
 rate (a model's training and its episodes scale differently from the tiny run the priors were
 measured on), else against all of them; a first unit already done bounds that estimate (it took
-no less than a unit will). Compiling: the prior's `startup`, scaled by how the finished stages'
+no less than a unit will). A stage whose work does not grow with the model (`scales=False`: the
+report) keeps its prior. Compiling: the prior's `startup`, scaled by how the finished stages'
 compiling compared with theirs, less what the stage has compiled so far. Units a resumed run
 skips (`initial`) shorten the remainder without counting as speed.
 
@@ -53,6 +54,7 @@ class Planned:
     per_unit: float | None = None  # None: unknown until the stage has run two units
     startup: float = 0.0
     kind: str = ""  # stages whose work scales together (default: the stage alone)
+    scales: bool = True  # False: its work does not grow with the model (the report): its prior as it is
 
 
 @dataclasses.dataclass
@@ -207,7 +209,7 @@ class Progress:
             if rate is None:
                 if s.plan.per_unit is None:
                     return None
-                rate = s.plan.per_unit * self._speed(s.kind)
+                rate = s.plan.per_unit * (self._speed(s.kind) if s.plan.scales else 1.0)
             work = units * rate - (s.work if s.ran == 0 else 0.0)  # a first unit under way
             left += max(work, 0.0) + max(s.plan.startup * compile_speed - s.compiling, 0.0)
         return left

@@ -74,6 +74,9 @@ def test_help_lists_the_commands_flags_and_a_bad_flag_is_one_line(capsys, main, 
     (_intraskill("train"), ["--workdir=runs/x"], "--config is required (e.g. --config=configs/quickstart.py)"),
     (_intraskill("eval"), [f"--config={SMOKE}"], "--workdir is required"),
     (_intraskill("quickstart"), ["--work_dir=runs/x"], "Unknown command line flag 'work_dir'"),
+    (_intraskill("eval"), [f"--config={SMOKE}", "--workdir=runs/x", "--conditions=base_bare,zero_shot"],
+     "--conditions: unknown condition 'zero_shot'"),
+    (_intraskill("rank"), [f"--config={SMOKE}", "--workdir=runs/x", "--k=0"], "--k: k must be >= 1, got 0"),
 ])
 def test_bad_values_and_missing_flags_are_usage_errors(capsys, main, argv, message):
     with pytest.raises(SystemExit) as e:

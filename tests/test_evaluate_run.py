@@ -14,9 +14,12 @@ from flax import nnx
 from sim.world import build_world
 
 from intraskill_jax import evaluate as evaluate_lib
+from intraskill_jax.evaluate import evaluation_stage
 from intraskill_jax import rundir
+from intraskill_jax.main import job_plan
 from intraskill_jax.policy import load_policy, load_tokenizer, prepare_policy
 from intraskill_jax.models.params import save_pretrained
+from intraskill_jax.progress import Progress
 from intraskill_jax.rl.sft import reply_logprobs
 from intraskill_jax.runconfig import resolve_repo_path, with_overrides
 from intraskill_jax.skills.bank import LedgerEntry, SkillBank
@@ -68,10 +71,11 @@ def evaluated(tmp_path_factory):
     try:
         conditions = [*(evaluate_lib.DEFAULT[c] for c in config.eval.conditions),
                       evaluate_lib.Condition("trained_bare_again", "trained", "none")]
-        rows = evaluate_lib.evaluate(config, workdir, conditions, world=world, progress=False)
+        progress = Progress(job_plan(config, "eval", [c.name for c in conditions]), enabled=False)
+        rows = evaluate_lib.evaluate(config, workdir, conditions, world=world, progress=progress)
     finally:
         mp.undo()
-    return config, workdir, base, final, s0, s1, rows, played
+    return config, workdir, base, final, s0, s1, rows, played, progress
 
 
 def _sampled_logprob(model, tokenizer, traj) -> float:
@@ -79,7 +83,7 @@ def _sampled_logprob(model, tokenizer, traj) -> float:
 
 
 def test_each_condition_is_sampled_by_the_policy_it_names(evaluated):
-    config, _, base, final, _, _, _, played = evaluated
+    config, _, base, final, _, _, _, played, _ = evaluated
     tokenizer = load_tokenizer(base, config.for_policy(base).agent)
     models = {"base": load_policy(config, base), "trained": load_policy(config, final)}
     for name, trajs in played.items():
@@ -92,7 +96,7 @@ def test_each_condition_is_sampled_by_the_policy_it_names(evaluated):
 
 
 def test_skill_prompts_hold_the_named_banks_active_chunks_and_bare_prompts_none(evaluated):
-    config, _, base, _, s0, s1, rows, played = evaluated
+    config, _, base, _, s0, s1, rows, played, _ = evaluated
     tokenizer = load_tokenizer(base, config.for_policy(base).agent)
     lang = config.sim.catalog.lang
     every_chunk = {c.id: c.text(lang).strip() for c in s0.chunks}
@@ -113,9 +117,21 @@ def test_skill_prompts_hold_the_named_banks_active_chunks_and_bare_prompts_none(
 
 
 def test_conditions_pair_on_tasks_and_replay_with_the_same_seed(evaluated):
-    _, workdir, _, _, _, _, rows, played = evaluated
+    _, workdir, _, _, _, _, rows, played, _ = evaluated
     tasks = {name: [t.task_id for t in trajs] for name, trajs in played.items()}
     assert all(ts == tasks["base_bare"] for ts in tasks.values()) and len(tasks["base_bare"]) == NUM_TASKS
     again, first = played["trained_bare_again"], played["trained_bare"]
     assert [t.token_ids for t in again] == [t.token_ids for t in first]
     assert len(rows) == 5 * NUM_TASKS and rundir.read_jsonl(rundir.eval_outcomes_path(workdir)) == rows
+
+
+def test_each_condition_is_a_planned_stage_of_the_progress_display(evaluated):
+    """The display's plan (`main.job_plan`) names the stages `evaluate` enters, one per condition,
+    each told every episode it played: no stage is unplanned (whose cost the ETA would not know)."""
+    config, _, _, _, _, _, rows, played, progress = evaluated
+    stages = progress._stages
+    assert list(stages) == [evaluation_stage(name) for name in played]
+    for name, trajs in played.items():
+        stage = stages[evaluation_stage(name)]
+        assert stage.ran == stage.total == len(trajs) == NUM_TASKS and stage.plan.kind == "episodes"
+    assert progress.remaining() == 0.0

@@ -123,6 +123,16 @@ def test_a_stage_without_a_rate_scales_by_its_own_kind_once_one_is_rated():
     steps.close()
 
 
+def test_a_stage_that_does_not_scale_keeps_its_prior():
+    # The report's work does not grow with the model: 30x the training's prior does not make it 30x.
+    p, clock = make([Planned("sft", 3, per_unit=1.0), Planned("report", 5, per_unit=2.5, scales=False)])
+    with p.stage("sft") as bar:
+        for t in (30.0, 60.0, 90.0):
+            clock.t = t
+            bar.update()
+    assert p.remaining() == pytest.approx(5 * 2.5)
+
+
 def test_a_first_unit_bounds_the_scaled_prior():
     p, clock = after_training_at_30x_its_prior()
     steps = p.stage("steps")

@@ -136,12 +136,12 @@ def group_specs(task_ids: Sequence[int], contexts: Sequence[SkillContext], *, si
 def run_groups(engine: RolloutEngine, make_env: Callable[[], Env], tokenizer: Any, task_ids: Sequence[int],
                contexts: Sequence[SkillContext], sampling: SamplingParams, config: AgentConfig, *,
                siblings: int = 1, first_group: int = 0, prefix: str = "ep",
-               max_concurrent: int | None = None) -> list[Trajectory]:
+               max_concurrent: int | None = None, on_done: Callable[[int], None] | None = None) -> list[Trajectory]:
     """Plays `siblings` episodes of each (task, context), each in a fresh `make_env()`, siblings
     contiguous: the one way training, the gate and evaluation roll out."""
     specs = group_specs(task_ids, contexts, siblings=siblings, first_group=first_group)
     return run_episodes(engine, [make_env() for _ in specs], tokenizer, specs, sampling, config,
-                        episode_prefix=prefix, max_concurrent=max_concurrent)
+                        episode_prefix=prefix, max_concurrent=max_concurrent, on_done=on_done)
 
 
 def run_episodes(
@@ -154,6 +154,7 @@ def run_episodes(
     *,
     episode_prefix: str = "ep",
     max_concurrent: int | None = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> list[Trajectory]:
     """Plays `specs[i]` in `envs[i]` to the end (purchase, env step limit, turn or context limit).
 
@@ -161,6 +162,7 @@ def run_episodes(
     f"{episode_prefix}-{i}", which engines see as the request session. At most `max_concurrent`
     episodes are in flight (the engine's batch capacity); when one finishes the next waiting one
     starts in the following round (continuous batching), in spec order, so a run is reproducible.
+    `on_done(n)` is told after each round that ended `n` episodes (a progress display's units).
 
     On several processes every process calls it: an engine whose `generate` is a collective
     (the embedded sampler on the global mesh) is driven by all of them in lockstep; a host-side
@@ -183,22 +185,34 @@ def run_episodes(
     if end_of_turn not in sampling.stop_token_ids:
         sampling = dataclasses.replace(sampling, stop_token_ids=(*sampling.stop_token_ids, end_of_turn))
     play = lambda: _play(engine, envs, tokenizer, specs, sampling, config, episode_prefix,  # noqa: E731
-                         max_concurrent or len(specs))
+                         max_concurrent or len(specs), on_done)
     return play() if engine.collective else distributed.from_main(play)
 
 
 def _play(engine: RolloutEngine, envs: Sequence[Env], tokenizer: Any, specs: Sequence[EpisodeSpec],
-          sampling: SamplingParams, config: AgentConfig, episode_prefix: str, capacity: int) -> list[Trajectory]:
+          sampling: SamplingParams, config: AgentConfig, episode_prefix: str, capacity: int,
+          on_done: Callable[[int], None] | None) -> list[Trajectory]:
     trajs: list[Trajectory | None] = [None] * len(specs)
     waiting = list(range(len(specs)))[::-1]
     active: list[int] = []
+    ended = 0  # since `on_done` was last told
+
+    def tell() -> None:
+        nonlocal ended
+        if on_done is not None and ended:
+            on_done(ended)
+        ended = 0
+
     while True:
         while waiting and len(active) < capacity:
             i = waiting.pop()
             trajs[i] = t = _start(envs[i], tokenizer, specs[i], config, f"{episode_prefix}-{i}")
-            if not t.done:
+            if t.done:  # its prompt alone filled the context
+                ended += 1
+            else:
                 active.append(i)
         if not active:
+            tell()
             break
         completions = engine.generate([GenerateRequest(trajs[i].episode_id, trajs[i].token_ids) for i in active], sampling)
         if len(completions) != len(active):
@@ -208,8 +222,10 @@ def _play(engine: RolloutEngine, envs: Sequence[Env], tokenizer: Any, specs: Seq
             _advance(envs[i], trajs[i], completion, tokenizer, sampling, config)
             if trajs[i].done:
                 engine.release(trajs[i].episode_id)
+                ended += 1
             else:
                 still.append(i)
+        tell()
         active = still
     return trajs
 

@@ -146,6 +146,28 @@ def test_consecutive_repairs_cut_the_episode_only_when_uninterrupted(world, tok)
         AgentConfig(max_consecutive_repairs=-1)
 
 
+def test_episodes_are_told_as_they_end(world, tok):
+    """`on_done(n)` hears, after each round, how many episodes it ended: two at a time of five,
+    the even ones ending at their second malformed reply, the odd ones at the 4-turn limit; an
+    episode whose prompt alone fills the context is told at its start."""
+    stop = tok.convert_tokens_to_ids(IM_END)
+    search = format_tool_calls([ToolCall("search", {"keywords": "pillow"})], tok.tool_format)
+    engine = ScriptedEngine(lambda s: tok.encode(s, add_special_tokens=False),
+                            lambda session, ids: "prose" if int(session.split("-")[1]) % 2 == 0 else search, stop)
+    cfg = AgentConfig(tool_format=tok.tool_format, max_turns=4, max_consecutive_repairs=2)
+    specs = [EpisodeSpec(int(t)) for t in world.splits.test[:5]]
+    told = []
+    trajs = run_episodes(engine, envs_for(world, 5), tok, specs, SamplingParams(max_new_tokens=64), cfg,
+                         max_concurrent=2, on_done=told.append)
+    assert [t.truncated for t in trajs] == ["repairs", "turns", "repairs", "turns", "repairs"]
+    # rounds: [0 1] [0 1] -> 0 | [1 2] [1 2] -> 1, 2 | [3 4] [3 4] -> 4 | [3] [3] -> 3
+    assert told == [1, 2, 1, 1]
+    told.clear()
+    (t,) = run_episodes(engine, envs_for(world, 1), tok, specs[:1], SamplingParams(max_new_tokens=64),
+                        dataclasses.replace(cfg, max_context_tokens=100), on_done=told.append)
+    assert t.truncated == "context" and told == [1]
+
+
 def test_context_limit_and_reply_length_limit(world, tok):
     stop = tok.convert_tokens_to_ids(IM_END)
     long = "<tool_call>\n<function=search>\n<parameter=keywords>\n" + "pillow " * 200 + "\n</parameter>\n</function>\n</tool_call>"
