@@ -73,7 +73,7 @@ def job_plan(config: runconfig.RunConfig, command: str, conditions: Sequence[str
 
         names = list(conditions or config.eval.conditions)
         evaluation = [Planned(evaluation_stage(name), config.eval.num_tasks, per_unit=episode,
-                              startup=5.0 / len(names), kind="episodes") for name in names]
+                              startup=5.0 / len(names), kind=("evaluation", "episodes")) for name in names]
     report = [Planned("report", 5, per_unit=2.5, scales=False)]  # ~9 s for the SmolLM2 run as for the quickstart
     return {"sft": train[:2], "train": train, "eval": evaluation, "rank": evaluation, "multiseed": train + evaluation,
             "quickstart": train + evaluation + report}[command]

@@ -16,7 +16,8 @@ at the stage's own observed rate (work seconds per unit over its updates after t
 not mostly compile), or, before that, at its prior rate scaled by how fast the job has worked
 against its priors so far: against the priors of its own kind once a stage of that kind has a
 rate (a model's training and its episodes scale differently from the tiny run the priors were
-measured on), else against all of them; a first unit already done bounds that estimate (it took
+measured on; a stage may name kinds nearest first: an evaluation condition scales by the conditions
+run before it, then by GRPO's episodes), else against all of them; a first unit already done bounds that estimate (it took
 no less than a unit will). A stage whose work does not grow with the model (`scales=False`: the
 report) keeps its prior. Compiling: the prior's `startup`, scaled by how the finished stages'
 compiling compared with theirs, less what the stage has compiled so far. Units a resumed run
@@ -53,7 +54,9 @@ class Planned:
     units: int
     per_unit: float | None = None  # None: unknown until the stage has run two units
     startup: float = 0.0
-    kind: str = ""  # stages whose work scales together (default: the stage alone)
+    # Stages whose work scales together, the nearest first (default: the stage alone): an evaluation
+    # condition's is ("evaluation", "episodes"), its sibling conditions before GRPO's steps and the gates.
+    kind: str | tuple[str, ...] = ""
     scales: bool = True  # False: its work does not grow with the model (the report): its prior as it is
 
 
@@ -95,8 +98,9 @@ class _Stage:
         return self.rated_work / self.rated_units if self.rated_units else None
 
     @property
-    def kind(self) -> str:
-        return self.plan.kind or self.plan.name
+    def kinds(self) -> tuple[str, ...]:
+        kind = self.plan.kind or self.plan.name
+        return (kind,) if isinstance(kind, str) else kind
 
     def first_unit_speed(self) -> float | None:
         """Work seconds per unit of the first update(s) over the prior, while no rate is observed:
@@ -175,9 +179,9 @@ class Progress:
 
     # -- the estimate ----------------------------------------------------------------------------
 
-    def _speed(self, kind: str) -> float:
-        """Observed / prior work seconds for stages of `kind`: over the rated stages of that kind,
-        else over all rated stages (1.0 before any), capped by the first units of that kind."""
+    def _speed(self, kinds: tuple[str, ...]) -> float:
+        """Observed / prior work seconds: over the rated stages of the nearest of `kinds` that has
+        one, else over all rated stages (1.0 before any), capped by the first units of the first kind."""
         def ratio(stages: list[_Stage]) -> float | None:
             observed = prior = 0.0
             for s in stages:
@@ -187,9 +191,9 @@ class Progress:
                     prior += s.plan.per_unit * s.rated_units
             return observed / prior if prior > 0 else None
 
-        same = [s for s in self._stages.values() if s.kind == kind]
-        speed = ratio(same) or ratio(list(self._stages.values())) or 1.0
-        bounds = [b for s in same if (b := s.first_unit_speed()) is not None]
+        of = {kind: [s for s in self._stages.values() if kind in s.kinds] for kind in kinds}
+        speed = next((r for kind in kinds if (r := ratio(of[kind]))), None) or ratio(list(self._stages.values())) or 1.0
+        bounds = [b for s in of[kinds[0]] if (b := s.first_unit_speed()) is not None]
         return min([speed, *bounds])
 
     def _compile_speed(self) -> float:
@@ -209,7 +213,7 @@ class Progress:
             if rate is None:
                 if s.plan.per_unit is None:
                     return None
-                rate = s.plan.per_unit * (self._speed(s.kind) if s.plan.scales else 1.0)
+                rate = s.plan.per_unit * (self._speed(s.kinds) if s.plan.scales else 1.0)
             work = units * rate - (s.work if s.ran == 0 else 0.0)  # a first unit under way
             left += max(work, 0.0) + max(s.plan.startup * compile_speed - s.compiling, 0.0)
         return left

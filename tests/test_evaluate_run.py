@@ -133,5 +133,5 @@ def test_each_condition_is_a_planned_stage_of_the_progress_display(evaluated):
     assert list(stages) == [evaluation_stage(name) for name in played]
     for name, trajs in played.items():
         stage = stages[evaluation_stage(name)]
-        assert stage.ran == stage.total == len(trajs) == NUM_TASKS and stage.plan.kind == "episodes"
+        assert stage.ran == stage.total == len(trajs) == NUM_TASKS and stage.kinds == ("evaluation", "episodes")
     assert progress.remaining() == 0.0

@@ -123,6 +123,24 @@ def test_a_stage_without_a_rate_scales_by_its_own_kind_once_one_is_rated():
     steps.close()
 
 
+def test_a_stage_scales_by_the_nearest_of_its_kinds_that_has_run():
+    # GRPO's steps ran 10x their prior; the first evaluation condition 40x: the second condition
+    # scales by the first (its nearer kind), not by the steps.
+    p, clock = make([Planned("steps", 3, per_unit=10.0, kind="episodes"),
+                     Planned("eval a", 10, per_unit=1.0, kind=("evaluation", "episodes")),
+                     Planned("eval b", 10, per_unit=1.0, kind=("evaluation", "episodes"))])
+    with p.stage("steps") as bar:
+        for t in (100.0, 200.0, 300.0):
+            clock.t = t
+            bar.update()
+    assert p.remaining() == pytest.approx(2 * 10 * 1.0 * 10.0)  # before any condition: the steps' speed
+    with p.stage("eval a") as bar:
+        for k in range(10):
+            clock.t = 300.0 + 40.0 * (k + 1)
+            bar.update()
+    assert p.remaining() == pytest.approx(10 * 1.0 * 40.0)
+
+
 def test_a_stage_that_does_not_scale_keeps_its_prior():
     # The report's work does not grow with the model: 30x the training's prior does not make it 30x.
     p, clock = make([Planned("sft", 3, per_unit=1.0), Planned("report", 5, per_unit=2.5, scales=False)])
