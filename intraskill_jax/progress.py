@@ -16,9 +16,9 @@ at the stage's own observed rate (work seconds per unit over its updates after t
 not mostly compile), or, before that, at its prior rate scaled by how fast the job has worked
 against its priors so far: against the priors of its own kind once a stage of that kind has a
 rate (a model's training and its episodes scale differently from the tiny run the priors were
-measured on; a stage may name kinds nearest first: an evaluation condition scales by the conditions
-run before it, then by GRPO's episodes), else against all of them; a first unit already done bounds that estimate (it took
-no less than a unit will). A stage whose work does not grow with the model (`scales=False`: the
+measured on; a stage may name kinds nearest first: an evaluation condition scales by the
+conditions run before it, then by GRPO's episodes), else against all of them; a first unit
+already done bounds that estimate (it took no less than a unit will). A stage whose work does not grow with the model (`scales=False`: the
 report) keeps its prior. Compiling: the prior's `startup`, scaled by how the finished stages'
 compiling compared with theirs, less what the stage has compiled so far. Units a resumed run
 skips (`initial`) shorten the remainder without counting as speed.
@@ -192,7 +192,8 @@ class Progress:
             return observed / prior if prior > 0 else None
 
         of = {kind: [s for s in self._stages.values() if kind in s.kinds] for kind in kinds}
-        speed = next((r for kind in kinds if (r := ratio(of[kind]))), None) or ratio(list(self._stages.values())) or 1.0
+        nearest = next((r for kind in kinds if (r := ratio(of[kind]))), None)
+        speed = nearest or ratio(list(self._stages.values())) or 1.0
         bounds = [b for s in of[kinds[0]] if (b := s.first_unit_speed()) is not None]
         return min([speed, *bounds])
 
