@@ -18,8 +18,8 @@ against its priors so far: against the priors of its own kind once a stage of th
 rate (a model's training and its episodes scale differently from the tiny run the priors were
 measured on; a stage may name kinds nearest first: an evaluation condition scales by the
 conditions run before it, then by GRPO's episodes), else against all of them; a first unit
-already done bounds that estimate (it took no less than a unit will). A stage whose work does not grow with the model (`scales=False`: the
-report) keeps its prior. Compiling: the prior's `startup`, scaled by how the finished stages'
+already done bounds that estimate (it took no less than a unit will). A stage whose work does not
+grow with the model (`scales=False`: the report) keeps its prior. Compiling: the prior's `startup`, scaled by how the finished stages'
 compiling compared with theirs, less what the stage has compiled so far. Units a resumed run
 skips (`initial`) shorten the remainder without counting as speed.
 

@@ -195,15 +195,8 @@ def _play(engine: RolloutEngine, envs: Sequence[Env], tokenizer: Any, specs: Seq
     trajs: list[Trajectory | None] = [None] * len(specs)
     waiting = list(range(len(specs)))[::-1]
     active: list[int] = []
-    ended = 0  # since `on_done` was last told
-
-    def tell() -> None:
-        nonlocal ended
-        if on_done is not None and ended:
-            on_done(ended)
-        ended = 0
-
     while True:
+        ended = 0  # this round's, for `on_done`
         while waiting and len(active) < capacity:
             i = waiting.pop()
             trajs[i] = t = _start(envs[i], tokenizer, specs[i], config, f"{episode_prefix}-{i}")
@@ -211,22 +204,24 @@ def _play(engine: RolloutEngine, envs: Sequence[Env], tokenizer: Any, specs: Seq
                 ended += 1
             else:
                 active.append(i)
-        if not active:
-            tell()
+        if active:
+            completions = engine.generate([GenerateRequest(trajs[i].episode_id, trajs[i].token_ids) for i in active],
+                                          sampling)
+            if len(completions) != len(active):
+                raise RuntimeError(f"engine returned {len(completions)} completions for {len(active)} requests")
+            still = []
+            for i, completion in zip(active, completions):
+                _advance(envs[i], trajs[i], completion, tokenizer, sampling, config)
+                if trajs[i].done:
+                    engine.release(trajs[i].episode_id)
+                else:
+                    still.append(i)
+            ended += len(active) - len(still)
+            active = still
+        if on_done is not None and ended:
+            on_done(ended)
+        if not active and not waiting:
             break
-        completions = engine.generate([GenerateRequest(trajs[i].episode_id, trajs[i].token_ids) for i in active], sampling)
-        if len(completions) != len(active):
-            raise RuntimeError(f"engine returned {len(completions)} completions for {len(active)} requests")
-        still = []
-        for i, completion in zip(active, completions):
-            _advance(envs[i], trajs[i], completion, tokenizer, sampling, config)
-            if trajs[i].done:
-                engine.release(trajs[i].episode_id)
-                ended += 1
-            else:
-                still.append(i)
-        tell()
-        active = still
     return trajs
 
 
