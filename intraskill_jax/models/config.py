@@ -139,6 +139,10 @@ class ModelConfig:
       transpose_decode_weights: the sampler multiplies by [in, out] copies of the linear and output
         weights, made once per weight version (`CausalLM.transpose_for_decode`): ~1.4x faster
         decode steps on CPU; on GPU/TPU it would only double the sampler's weight memory.
+      cache_product_dtype: the dtype a pre-fill's products over the decode cache round their
+        operands to (`layers.cached_attention`); None (default): the narrower of dtype and
+        param_dtype, i.e. bfloat16 for the bfloat16 sampler. The sampler sets float32 on a CPU
+        whose XLA cannot run them (`rollout.jax_sampler.for_sampling`).
     """
 
     family: str
@@ -175,6 +179,7 @@ class ModelConfig:
     attention_block_size: int = 0
     cache_block_size: int = 0
     transpose_decode_weights: bool = False
+    cache_product_dtype: DType | None = None
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -238,6 +243,10 @@ class ModelConfig:
             raise ValueError(
                 f"dtype and param_dtype must be one of {_DTYPES}; got {self.dtype!r}, "
                 f"{self.param_dtype!r}."
+            )
+        if self.cache_product_dtype not in (None, *_DTYPES):
+            raise ValueError(
+                f"cache_product_dtype must be None or one of {_DTYPES}; got {self.cache_product_dtype!r}."
             )
         for name in ("attention_block_size", "cache_block_size"):
             value = getattr(self, name)

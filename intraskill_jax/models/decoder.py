@@ -111,6 +111,7 @@ class DecoderLayer(nnx.Module):
                 rngs=rngs,
                 block_size=c.attention_block_size,
                 cache_block_size=c.cache_block_size,
+                cache_product_dtype=c.cache_product_dtype,
             )
         self.post_attention_layernorm = RMSNorm(c.hidden_size, **norm_kw)
         self.mlp = MLP(

@@ -564,12 +564,14 @@ class Attention(nnx.Module):
         rngs: nnx.Rngs,
         block_size: int = 0,
         cache_block_size: int = 0,
+        cache_product_dtype: jnp.dtype | None = None,
     ):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.block_size, self.cache_block_size = block_size, cache_block_size
-        # A pre-fill's products over the cache run in the weights' dtype where that is narrower:
-        # the bfloat16 sampler's (`cached_attention`).
-        self.cache_product_dtype = matmul_dtype(dtype, param_dtype)
+        # A pre-fill's products over the cache run in the weights' dtype where that is narrower
+        # (the bfloat16 sampler's) unless told otherwise (`cached_attention`).
+        self.cache_product_dtype = (matmul_dtype(dtype, param_dtype) if cache_product_dtype is None
+                                    else jnp.dtype(cache_product_dtype))
         self.output_gate = output_gate
         self.dtype = dtype
         kw = {

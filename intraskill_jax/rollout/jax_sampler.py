@@ -482,24 +482,40 @@ class JaxSampler:
 # The x86 flags under which XLA:CPU multiplies bfloat16 in hardware, where its bfloat16 products
 # were measured faster than float32; without them (measured on AVX2) it converts them, slower.
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+# Those under which it also runs a pre-fill's batched bfloat16 products over the cache
+# (`ModelConfig.cache_product_dtype`). With AVX512-BF16 alone (an AMD EPYC Zen 4, jax 0.10.2) the
+# weight products run (32 episodes of SmolLM2 with S0 1.26x as fast as in float32) but those fail:
+# "Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32".
+BF16_CACHE_PRODUCT_CPU_FLAGS = ("amx_bf16",)
+
+
+def _cpu_flags(cpuinfo: str) -> list[str]:
+    """The flags `cpuinfo` lists for its first processor (none where unreadable, e.g. not Linux)."""
+    try:
+        with open(cpuinfo) as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
 
 
 @functools.cache
 def native_bfloat16_products(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether the default backend multiplies bfloat16 in hardware: any accelerator; a CPU only
-    where `cpuinfo` lists one of `NATIVE_BF16_CPU_FLAGS` (unreadable, e.g. not Linux: no)."""
+    where `cpuinfo` lists one of `NATIVE_BF16_CPU_FLAGS`."""
     if jax.default_backend() != "cpu":
         return True
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    native = [flag for flag in NATIVE_BF16_CPU_FLAGS if flag in flags]
+    native = [flag for flag in NATIVE_BF16_CPU_FLAGS if flag in _cpu_flags(cpuinfo)]
     log.info("bfloat16 products on this CPU: %s", f"in hardware ({', '.join(native)})" if native else
              f"converted (no {' or '.join(NATIVE_BF16_CPU_FLAGS)} in {cpuinfo}): samplers set to "
              "'bfloat16_if_native' keep the policy's own weights")
     return bool(native)
+
+
+@functools.cache
+def bfloat16_cache_products(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the default backend runs a pre-fill's bfloat16 products over the cache: any
+    accelerator; a CPU only where `cpuinfo` lists one of `BF16_CACHE_PRODUCT_CPU_FLAGS`."""
+    return jax.default_backend() != "cpu" or any(f in _cpu_flags(cpuinfo) for f in BF16_CACHE_PRODUCT_CPU_FLAGS)
 
 
 def for_sampling(model: nnx.Module, weight_dtype: str | None = None) -> nnx.Module:
@@ -513,6 +529,8 @@ def for_sampling(model: nnx.Module, weight_dtype: str | None = None) -> nnx.Modu
         return model
     if cast:
         config = config.replace(param_dtype=weight_dtype)
+        if weight_dtype == "bfloat16" and not bfloat16_cache_products():
+            config = config.replace(cache_product_dtype="float32")
         sampling_model = nnx.eval_shape(lambda: type(model)(config, rngs=nnx.Rngs(0)))
         nnx.update(sampling_model, jax.tree.map(lambda x: x.astype(weight_dtype), nnx.state(model, nnx.Param)))
     else:
