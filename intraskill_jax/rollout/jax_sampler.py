@@ -159,7 +159,7 @@ class JaxSampler:
     @property
     def cache_length(self) -> int:
         """Slots the cache holds now (it grows from min_cache_length up to max_length)."""
-        return self._cache.max_length
+        return 0 if self._cache is None else self._cache.max_length
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -190,7 +190,7 @@ class JaxSampler:
             [], init_cache(self.model_config, 1, self.config.shared_prefix_slots))
         self._rows.clear()
         self._free = list(range(self.config.max_batch))  # rows handed out in order again: replayable
-        self._cache = self._empty_cache(1)
+        self._cache = None  # made by the first request, for its length (`generate`)
 
     # -- RolloutEngine -------------------------------------------------------------------------
 
@@ -198,6 +198,8 @@ class JaxSampler:
         row = self._rows.pop(session, None)
         if row is not None:
             self._free.append(row.index)
+        if not self._rows:  # nothing in it to keep: its memory is free until the next request (a GRPO update)
+            self._cache = None
 
     def generate(self, requests: Sequence[GenerateRequest], params: SamplingParams) -> list[Completion]:
         if not requests:
@@ -249,6 +251,7 @@ class JaxSampler:
                 "raise max_length or lower agent.max_context_tokens")
         if not {row.index for row in self._rows.values()} - set(fresh):
             # Nothing in the cache is worth keeping: start over with the shortest cache that fits.
+            self._cache = None  # freed before the new one is made
             self._cache, fresh = self._empty_cache(need), []
         elif need > self._cache.max_length:
             self._cache = _resized(self._cache, self._cache_length(need))
@@ -655,13 +658,18 @@ def decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature
 
 def _resized(cache: DecodeCache, length: int) -> DecodeCache:
     """`cache` with `length` slots: new slots are empty (invalid keys, zero K/V); fewer slots cut the
-    last ones (the caller knows no row holds a token there)."""
+    last ones (the caller knows no row holds a token there). `cache` is consumed: each of its arrays
+    is freed once its copy is made, so the two are never held whole at once (SmolLM2's evaluation:
+    3.0 GB old and 5.3 GB new)."""
     extra = length - cache.max_length
 
     def pad(x: jax.Array, axis: int) -> jax.Array:
         if extra < 0:
-            return jax.lax.slice_in_dim(x, 0, length, axis=axis)
-        return jnp.pad(x, [(0, extra) if i == axis else (0, 0) for i in range(x.ndim)])
+            out = jax.lax.slice_in_dim(x, 0, length, axis=axis)
+        else:
+            out = jnp.pad(x, [(0, extra) if i == axis else (0, 0) for i in range(x.ndim)])
+        x.delete()  # its buffer is released once the copy reading it is done
+        return out
 
     layers = tuple(AttentionCache(key=pad(layer.key, 2), value=pad(layer.value, 2))
                    if isinstance(layer, AttentionCache) else layer for layer in cache.layers)

@@ -11,6 +11,7 @@ from flax import nnx
 
 from intraskill_jax.models import causal_lm_class, token_logprobs
 from intraskill_jax.models import layers
+from intraskill_jax.models.cache import AttentionCache
 from intraskill_jax.models.layers import Linear
 from intraskill_jax.rollout.base import GenerateRequest, SamplingParams, WeightUpdate
 from intraskill_jax.rollout.jax_sampler import JaxSampler
@@ -170,7 +171,6 @@ def test_a_sampler_with_bfloat16_weights_samples_as_a_bfloat16_copy_of_the_model
     sampler = JaxSampler(policy, small(weight_dtype="bfloat16"))
     kinds = {v.dtype for v in jax.tree.leaves(sampler.state)}
     assert jnp.dtype(jnp.bfloat16) in kinds and sampler.model_config.compute_dtype == jnp.float32
-    assert sampler._cache.layers[-1].key.dtype == jnp.float32  # every tiny model ends on an attention layer
     assert {v.dtype for v in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float32)}
     assert matmul_dtype(jnp.float32, jnp.bfloat16) == jnp.bfloat16 and matmul_dtype(jnp.float32, jnp.float32) == jnp.float32
     rounded_products = bfloat16_cache_products()
@@ -182,6 +182,7 @@ def test_a_sampler_with_bfloat16_weights_samples_as_a_bfloat16_copy_of_the_model
     ps = prompts(11, 2)
     params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(STOP,))
     got = sampler.generate([GenerateRequest(f"s{i}", p) for i, p in enumerate(ps)], params)
+    assert sampler._cache.layers[-1].key.dtype == jnp.float32  # every tiny model ends on an attention layer
     got += sampler.generate([GenerateRequest(f"s{i}", p + c.token_ids + [7, 8, 9]) for i, (p, c) in
                              enumerate(zip(ps, got))], params)  # a second turn: a pre-fill over the cache
     ps += [p + c.token_ids + [7, 8, 9] for p, c in zip(ps, got)]
@@ -294,18 +295,29 @@ def test_a_shared_prompt_prefix_is_prefilled_once_and_stays_exact(model, segment
 
 
 def test_cache_grows_with_the_sessions_and_restarts_short(model):
+    """The cache grows as the sessions do, its old buffers freed as they are copied; it is dropped
+    once no session is left (its memory free for what runs between batches: a GRPO update) and
+    starts over at the next request's length."""
     sampler = JaxSampler(model, small(min_cache_length=80))
+    assert sampler.cache_length == 0  # none before a request
     params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(STOP,))
     history = {s: p for s, p in zip("AB", prompts(5, 2, 10, 20))}
-    lengths = []
+    lengths, outgrown = [], []
     for turn in range(4):
+        before = sampler._cache
         for s, c in zip("AB", sampler.generate([GenerateRequest(s, history[s]) for s in "AB"], params), strict=True):
             assert c.token_ids == greedy_reference(model, history[s], 8), (turn, s)
             history[s] = history[s] + c.token_ids + list(range(50, 62))
+        if before is not None and before.max_length < sampler.cache_length:
+            outgrown.append(before)
         lengths.append(sampler.cache_length)
     assert lengths[0] == 80 and lengths[-1] == 160  # grown, rows kept
-    for s in "AB":
-        sampler.release(s)
+    assert outgrown and all(layer.key.is_deleted() and layer.value.is_deleted() for old in outgrown
+                            for layer in old.layers if isinstance(layer, AttentionCache))
+    sampler.release("A")
+    assert sampler.cache_length == 160  # B still holds its row
+    sampler.release("B")
+    assert sampler.cache_length == 0
     c = sampler.generate([GenerateRequest("C", history["A"][:9])], params)[0]
     assert sampler.cache_length == 80 and c.token_ids == greedy_reference(model, history["A"][:9], 8)
 
