@@ -11,11 +11,11 @@ co-evolution rounds of GRPO with LoRA follow, each closed by the gate; the four 
 evaluated on the same test tasks, and the zero-shot model (no warm start) bare and with S0 beside
 them.
 
-From a fresh clone on two cores (tcmalloc) it took 1:25:17 on an Intel Xeon with AMX (2026-12-05,
-af4bbff), within its 90-minute target, and 2:09:48 on an AMD EPYC with AVX2 alone (2026-12-06,
-73a40a7). In the latter the warm start solved 38 of 100 test tasks bare, the trained policy 37 bare
-(-1.0 points [-9.0, +7.0]) and 44 with the bank its second gate cut to 6 chunks (+9.0 [+3.0, +16.0]
-over the warm start with S0); the zero-shot model solved none.
+From a fresh clone on two cores (tcmalloc) it took 1:14:34 on an AMD EPYC Zen 4 (2026-12-07,
+953c819) and 1:25:17 on an Intel Xeon with AMX (2026-12-05, af4bbff), within its 90-minute target,
+and 2:09:52 on a Zen 3 with AVX2 alone (2026-12-07, ede4aff). On the Zen 4 the warm start solved 31
+of 100 test tasks bare and the trained policy 46 (+15.0 points [+6.0, +25.0]); the zero-shot model
+solved none.
 docs/smollm2.md has the stage times, the results and why each setting below was chosen.
 """
 
