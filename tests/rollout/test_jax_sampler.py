@@ -218,7 +218,8 @@ def test_bfloat16_cache_products_only_where_xla_cpu_runs_them(tmp_path, flags, r
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
     assert bfloat16_cache_products(str(cpuinfo)) is runs
-    assert native_bfloat16_products(str(cpuinfo)) is (flags != AMD_AVX2_FLAGS)  # Zen 4: bfloat16 weights, float32 cache products
+    # Zen 4: bfloat16 weights, float32 cache products
+    assert native_bfloat16_products(str(cpuinfo)) is (flags != AMD_AVX2_FLAGS)
     assert bfloat16_cache_products(str(tmp_path / "absent")) is False
 
 
