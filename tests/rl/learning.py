@@ -124,10 +124,9 @@ class Run:
 # the policy was saturated (rollouts 0.94-0.97, a step's admitted groups down to one or two, so
 # one update follows a handful of episodes): an absorbing state, every later group zero-variance.
 def train(tokenizer, warm: tuple[nnx.State, ModelConfig], setting: Setting, workdir, steps: int, *,
-          schedule_steps: int | None = None, on_step: Callable[[int, Any], dict[str, float]] | None = None) -> Run:
+          on_step: Callable[[int, Any], dict[str, float]] | None = None) -> Run:
     """`steps` GRPO steps of the real Learner from the warm start; held-out success before and after.
-    The learning rate decays over `schedule_steps` (default `steps`: a run cut short keeps the
-    schedule, and the compiled update, of the whole one). `on_step(step, experience)` sees each
+    The learning rate decays over the `steps`. `on_step(step, experience)` sees each
     step's episodes before its update (`Learner`'s hook)."""
     state, cfg = warm
     model = causal_lm_class(cfg)(cfg, rngs=nnx.Rngs(1))
@@ -137,7 +136,7 @@ def train(tokenizer, warm: tuple[nnx.State, ModelConfig], setting: Setting, work
     before = success(engine, tokenizer, setting)
     optim = OptimConfig(learning_rate=setting.learning_rate, warmup_steps=3, grad_clip=0.5, b2=0.99,
                         micro_batch_size=16, schedule="cosine", min_lr_ratio=0.1,
-                        total_steps=(schedule_steps or steps) * setting.updates_per_batch)
+                        total_steps=steps * setting.updates_per_batch)
     learner = Learner(model, tokenizer, engine, workdir, tasks=TRAIN_TASKS, make_env=setting.make_env,
                       config=TrainConfig(rounds=1, gate_every=steps, checkpoint_every=steps, groups_per_step=8,
                                          group_size=8, updates_per_batch=setting.updates_per_batch, optim=optim,

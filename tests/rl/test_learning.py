@@ -41,14 +41,14 @@ def test_grpo_takes_a_weak_policy_to_the_task_and_negated_advantages_do_not(toke
                                                                            shared_programs):  # noqa: F811
     run = train(tokenizer, warm, SINGLE, tmp_path / "grpo", STEPS)
     assert run.after >= max(0.9, run.before + 0.25), f"GRPO took success from {run.before:.2f} only to {run.after:.2f}"
-    half = run.mean("rollout/success", range(STEPS // 2 - 1, STEPS // 2 + 1))
-    assert half >= run.before + 0.2, f"by step {STEPS // 2} GRPO's rollouts succeed only {half:.2f}"
     assert all(r["train/ratio_mean"] == 1.0 for r in run.rows if r["train/updated"])  # one update: on-policy
 
     real = rollouts.group_advantages
     monkeypatch.setattr(rollouts, "group_advantages", lambda *a, **k: -real(*a, **k))
-    # Half the steps: GRPO's own rollouts are well above the warm start by then (asserted above).
-    negated = train(tokenizer, warm, SINGLE, tmp_path / "negated", STEPS // 2, schedule_steps=STEPS)
+    # As many steps as GRPO's run: a mid-run reading of two steps' rollouts is too noisy to stand in
+    # for it (on an AMD EPYC Zen 4 a gradient spike at step 15 left steps 16-17 all malformed and
+    # step 23 at 0.58 on the way to 0.92).
+    negated = train(tokenizer, warm, SINGLE, tmp_path / "negated", STEPS)
     assert negated.before == run.before  # the same warm start, the same held-out episodes
     assert negated.after <= run.before + 0.05, f"negated advantages improved success: {run.before:.2f} -> " \
                                                f"{negated.after:.2f}"
