@@ -92,8 +92,12 @@ def _transformers_update(model: nnx.Module, groups: list[ts.TrainBatch], lora: L
     call that runs it once and returns its loss."""
     import tempfile
 
-    import torch
-    import transformers
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise SystemExit(f"the transformers side needs torch and transformers ({e}): pip install -e '.[test]', "
+                         "or pass --noreference") from e
 
     from intraskill_jax.models.params import save_pretrained
 

@@ -1,6 +1,9 @@
-"""The update benchmark runs end to end on a micro Llama: both sides time the same mixed-length
-batch, and the grouped side computes fewer tokens than the padded one (the figures themselves come
-from the bench command on a quiet machine)."""
+"""The update benchmark runs end to end on a micro Llama: every side times the same mixed-length
+batch, the grouped side computes fewer tokens than the padded one, and the transformers side is the
+same update (the same first loss; LoRA adapters alone trained, checkpointed layers). The figures
+themselves come from the bench command on a quiet machine."""
+
+import sys
 
 import pytest
 
@@ -64,3 +67,10 @@ def test_each_further_remat_policy_is_a_grouped_peer_with_its_temporary_memory(m
         result["seconds"]["grouped"] / result["seconds"]["grouped:none"])
     # Without remat the backward keeps every layer's activations: more temporaries than full remat.
     assert result["temp_gib"]["none"] > result["temp_gib"]["full"] > 0
+
+
+def test_without_torch_the_reference_side_says_what_to_install(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(bench.SIZES, "micro", _micro)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(SystemExit, match=r"needs torch and transformers .*--noreference"):
+        bench.run("micro", rows=4, shortest=100, longest=300, micro=2, rounds=1)
