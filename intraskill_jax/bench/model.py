@@ -289,6 +289,21 @@ def _matmul_rate(dtype: jnp.dtype) -> Callable[[], float]:
 
 
 # --------------------------------------------------------------------------- transformers
+def transformers_copy(model: nnx.Module) -> Any:
+    """`model`'s weights in transformers' own class for its family, float32 on the CPU (a checkpoint
+    written by `save_pretrained` and read back; LoRA adapters are merged into it)."""
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from intraskill_jax.models.params import save_pretrained
+
+    with tempfile.TemporaryDirectory() as directory:
+        save_pretrained(model, directory)
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+
+
 def _reference(config: ModelConfig, shape: BenchShape, train_ids: np.ndarray, prompt: np.ndarray,
                history: np.ndarray) -> dict[str, Task]:
     import torch

@@ -46,7 +46,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -64,9 +63,8 @@ from sim.world import build_world
 from intraskill_jax import allocator
 from intraskill_jax.agent.episode import AgentConfig, EpisodeSpec, run_episodes
 from intraskill_jax.agent.trajectory import Trajectory, collate
-from intraskill_jax.bench.model import KERNELS, SIZES
+from intraskill_jax.bench.model import KERNELS, SIZES, transformers_copy
 from intraskill_jax.models import get_family
-from intraskill_jax.models.params import save_pretrained
 from intraskill_jax.rl.grpo import LossConfig
 from intraskill_jax.rl.train_step import OptimConfig, grpo_step, init_train_state, make_optimizer, train_batch
 from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams
@@ -220,16 +218,10 @@ def sampler_config(episodes: int, new_tokens: int) -> SamplerConfig:
 def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "small", rounds: int = 2,
         update_repeats: int = 3, kernels: str = "cpu", model_path: str | None = None,
         config_path: str | None = None, sampler_weights: str = "auto", skill: bool = False) -> dict[str, Any]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
     world, tok, model, sampling, agent, specs, sampler = setup_episodes(episodes, turns, new_tokens, size, kernels,
                                                                         model_path, config_path, sampler_weights, skill)
     ours = JaxSampler(model, sampler)
-    with tempfile.TemporaryDirectory() as d:
-        save_pretrained(model, d)
-        ref_model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-    ref = HFGenerateEngine(ref_model, tok.pad_token_id)
+    ref = HFGenerateEngine(transformers_copy(model).eval(), tok.pad_token_id)
     play_episodes(ours, world, tok, specs, sampling, agent, "warm")  # compiles every program the timed runs use
     play_episodes(ref, world, tok, specs[:2], dataclasses.replace(sampling, max_new_tokens=4), dataclasses.replace(agent, max_turns=1), "warm")
     load_before = os.getloadavg()[0]

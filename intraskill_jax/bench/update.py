@@ -90,20 +90,14 @@ def _transformers_update(model: nnx.Module, groups: list[ts.TrainBatch], lora: L
                          loss: LossConfig) -> Callable[[], float]:
     """The update of `groups` (one batch's micro-batches) in PyTorch on `model`'s weights; returns a
     call that runs it once and returns its loss."""
-    import tempfile
-
     try:
         import torch
-        import transformers
+        import transformers  # noqa: F401  (model_bench.transformers_copy's)
     except ImportError as e:
         raise SystemExit(f"the transformers side needs torch and transformers ({e}): pip install -e '.[test]', "
                          "or pass --noreference") from e
 
-    from intraskill_jax.models.params import save_pretrained
-
-    with tempfile.TemporaryDirectory() as directory:
-        save_pretrained(lora_lib.without_adapters(model), directory)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    hf = model_bench.transformers_copy(lora_lib.without_adapters(model))
     hf.requires_grad_(False)
 
     class LoRALinear(torch.nn.Module):  # peft's formulation: W x + scale * B (A x), W frozen
@@ -134,10 +128,9 @@ def _transformers_update(model: nnx.Module, groups: list[ts.TrainBatch], lora: L
     for g in groups:
         real = np.asarray(g.attention_mask).any(axis=1)  # a last micro-batch's empty padding rows train nothing
         tensors.append({k: torch.as_tensor(np.asarray(getattr(g, k))[real]) for k in
-                        ("input_ids", "attention_mask", "targets", "loss_mask", "target_positions", "advantages",
-                         "rollout_logprobs")})
-        tensors[-1]["targets"] = tensors[-1]["targets"].long()
-        tensors[-1]["target_positions"] = tensors[-1]["target_positions"].long()
+                        ("input_ids", "attention_mask", "loss_mask", "advantages", "rollout_logprobs")} |
+                       {k: torch.as_tensor(np.asarray(getattr(g, k))[real].astype(np.int64))  # indices
+                        for k in ("targets", "target_positions")})
     total = sum(float(t["loss_mask"].sum()) for t in tensors)
 
     def micro_loss(t: dict[str, torch.Tensor]) -> torch.Tensor:
