@@ -151,6 +151,7 @@ def test_evaluation_report_and_bundle(finished_run):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(2400)
 def test_runs_killed_at_each_phase_resume_to_the_uninterrupted_run(finished_run, tmp_path):
     """SIGKILL `intraskill train`, `eval` and `report` at each named phase in turn (`tests.runs.KILLS`:

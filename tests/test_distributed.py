@@ -231,6 +231,7 @@ def _assert_same_weights_to_the_ulp(got: Path, want: Path, max_ulp: int = 4) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(WORKER_DEADLINE_S + 120)
 def test_two_process_run_has_one_writer_and_the_single_process_files(tmp_path):
     """Two processes training in one workdir (fresh policy, warm start, GRPO steps on the 8-device

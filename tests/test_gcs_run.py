@@ -105,6 +105,7 @@ def test_orbax_checkpoints_resume_exactly_from_the_object_store(gcs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(2400)
 def test_a_run_on_gs_survives_kills_and_reports_from_there(gcs, smoke_reference, tmp_path):
     config, reference = smoke_reference

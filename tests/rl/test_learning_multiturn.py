@@ -69,6 +69,7 @@ def sampled_tokens(record: dict[int, float]):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(900)
 def test_grpo_learns_three_turns_with_two_updates_per_batch_and_negated_advantages_do_not(
         tokenizer, warm, tmp_path, monkeypatch, shared_programs):  # noqa: F811
