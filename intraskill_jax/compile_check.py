@@ -361,19 +361,13 @@ class ProgramReport:
 
 
 def _compile(program: Program) -> Compiled:
-    """Compiles for the topology, past any persistent compilation cache (JAX_COMPILATION_CACHE_DIR):
-    a program compiled without a client cannot be read back from one (jax warns and compiles)."""
     start = time.perf_counter()
-    cache = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
     try:
         compiled = program.traced.lower().compile()
     except jax.errors.JaxRuntimeError as e:
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         return None, str(e).strip().splitlines()[0], time.perf_counter() - start
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cache)
     return compiled, None, time.perf_counter() - start
 
 
