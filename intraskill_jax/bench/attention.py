@@ -74,9 +74,11 @@ def run(tokens: Sequence[int] = (1024, 3072), block_sizes: Sequence[int] = (128,
                     "device": str(jax.devices()[0]), "load_before": os.getloadavg(), "cases": []}
     for t in tokens:
         q, k, v, d_out = _inputs(rows, t, heads, kv_heads, head_dim)
+        reference = _torch_sdpa(q, k, v, d_out)
+        reference_grads = reference()
         for block in block_sizes:
-            sides = {"ours": _ours(q, k, v, d_out, block), "torch_sdpa": _torch_sdpa(q, k, v, d_out)}
-            grads = {name: fn() for name, fn in sides.items()}
+            sides = {"ours": _ours(q, k, v, d_out, block), "torch_sdpa": reference}
+            grads = {"ours": sides["ours"](), "torch_sdpa": reference_grads}
             times = {name: [] for name in sides}
             for _ in range(rounds):
                 for name, fn in sides.items():
