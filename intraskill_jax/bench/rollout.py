@@ -33,7 +33,10 @@ weights on both sides by default, so that greedy episodes stay equal):
 `--sampler-weights bfloat16` gives our side the bfloat16 weight copies the SmolLM2 run samples with
 (`rollout.sampler.weight_dtype`); the reference stays float32, so greedy episodes may part where
 two tokens nearly tie: the JSON counts the turns and tokens each side played, the work compared.
-`--update-repeats 0` leaves the update out (at 16 or more episodes it needs more memory than the
+`--sampler NAME=VALUE` (repeatable) sets a field of our side's `rollout.sampler` on top of the run
+config's, e.g. the cache's growth (`--sampler min_cache_length=256 --sampler cache_growth=1.25`:
+more cache sizes, each compiling its programs before the timed rounds, so that attention reads
+fewer empty slots); the JSON's `sampler` holds the settings played. `--update-repeats 0` leaves the update out (at 16 or more episodes it needs more memory than the
 rollouts). `--skill` puts the run config's initial bank, whole, in every system prompt, as the
 evaluation's skill conditions see it: the reference re-prefills it every turn; ours holds it once
 where the config sets `rollout.sampler.shared_prefix_slots`.
@@ -148,12 +151,36 @@ def update_tokens_per_s(model: nnx.Module, trajs: Sequence[Trajectory], pad_id: 
             "update_compact_targets": batches[True].targets.shape[1]}
 
 
+def sampler_field(name: str, text: str) -> Any:
+    """`text` as a value of `SamplerConfig`'s field `name` (its type; for a bool 1/true or 0/false)."""
+    fields = {f.name for f in dataclasses.fields(SamplerConfig)}
+    if name not in fields:
+        raise ValueError(f"{name!r} is not a field of rollout.sampler ({', '.join(sorted(fields))})")
+    kind = type(getattr(SamplerConfig(), name))
+    try:
+        return text.lower() in ("1", "true") if kind is bool else kind(text)
+    except ValueError:
+        raise ValueError(f"rollout.sampler.{name} takes a {kind.__name__}, got {text!r}") from None
+
+
+def parse_sampler_settings(settings: Sequence[str]) -> dict[str, Any]:
+    """['NAME=VALUE', ...] -> {NAME: value} for `SamplerConfig` fields."""
+    out = {}
+    for setting in settings:
+        name, eq, value = setting.partition("=")
+        if not eq or not value:
+            raise ValueError(f"--sampler must be NAME=VALUE, got {setting!r}")
+        out[name] = sampler_field(name, value)
+    return out
+
+
 def setup_episodes(episodes: int, turns: int, new_tokens: int, size: str, kernels: str, model_path: str | None = None,
-                   config_path: str | None = None, sampler_weights: str = "auto", skill: bool = False):
+                   config_path: str | None = None, sampler_weights: str = "auto", skill: bool = False,
+                   sampler_settings: dict[str, Any] | None = None):
     """(world, tokenizer, model, sampling, agent config, episode specs, sampler config): random weights
     of `size` on the bench's small shop, or the checkpoint at `model_path` on `config_path`'s shop;
     with `skill`, the run config's initial bank, whole, in every system prompt (as the evaluation's
-    skill conditions see it)."""
+    skill conditions see it); `sampler_settings` set fields of the sampler config."""
     from intraskill_jax import runconfig
 
     run = runconfig.load_file(config_path) if config_path else runconfig.RunConfig()
@@ -195,6 +222,7 @@ def setup_episodes(episodes: int, turns: int, new_tokens: int, size: str, kernel
             tok = train_tokenizer(texts, vocab_size=4096, tool_format=family.tool_format)
             cfg = dataclasses.replace(cfg, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **overrides)
         model = family.model_class(cfg, rngs=nnx.Rngs(0))
+    sampler = dataclasses.replace(sampler, **(sampler_settings or {}))
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(tok.convert_tokens_to_ids(IM_END),))
     specs = [EpisodeSpec(int(t)) for t in world.splits.test[:episodes]]
     if skill:
@@ -217,9 +245,10 @@ def sampler_config(episodes: int, new_tokens: int) -> SamplerConfig:
 
 def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "small", rounds: int = 2,
         update_repeats: int = 3, kernels: str = "cpu", model_path: str | None = None,
-        config_path: str | None = None, sampler_weights: str = "auto", skill: bool = False) -> dict[str, Any]:
-    world, tok, model, sampling, agent, specs, sampler = setup_episodes(episodes, turns, new_tokens, size, kernels,
-                                                                        model_path, config_path, sampler_weights, skill)
+        config_path: str | None = None, sampler_weights: str = "auto", skill: bool = False,
+        sampler_settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    world, tok, model, sampling, agent, specs, sampler = setup_episodes(
+        episodes, turns, new_tokens, size, kernels, model_path, config_path, sampler_weights, skill, sampler_settings)
     ours = JaxSampler(model, sampler)
     ref = HFGenerateEngine(transformers_copy(model).eval(), tok.pad_token_id)
     play_episodes(ours, world, tok, specs, sampling, agent, "warm")  # compiles every program the timed runs use
@@ -252,6 +281,7 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
                    "sampler_cache_slots": ours.cache_length, "shared_prefix_tokens": ours.shared_prefix_tokens,
                    "threads": os.cpu_count(), "load_average_before": load_before, "load_average_after": load_after,
                    "allocator": allocator.active()},
+        "sampler": dataclasses.asdict(sampler),
         "seconds_all": [round(x[0], 3) for x in runs],
         "seconds_all_ref": [round(x[0], 3) for x in runs_ref],
         # CPU seconds each side spent (best round): a cross-check less tied to other processes' load.
@@ -292,6 +322,8 @@ def _define_flags(values: flags.FlagValues) -> None:
                       "bfloat16 copies where this CPU multiplies them natively, as the SmolLM2 run samples "
                       "(greedy episodes then free to part from the reference's)",
                       flag_values=values)
+    flags.DEFINE_multi_string("sampler", [], "NAME=VALUE: a field of our side's rollout.sampler (repeatable)",
+                              flag_values=values)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -299,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         allocator.ensure()
     args = flagparse.parse("python -m intraskill_jax.bench.rollout", __doc__, _define_flags, argv)
     result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.update_repeats, args.kernels,
-                 args.model_path, args.config, args.sampler_weights, args.skill)
+                 args.model_path, args.config, args.sampler_weights, args.skill, parse_sampler_settings(args.sampler))
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

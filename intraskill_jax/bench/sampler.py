@@ -30,8 +30,8 @@ from absl import flags
 from sim import flagparse
 
 from intraskill_jax import allocator
-from intraskill_jax.bench.rollout import define_episode_flags, play_episodes, setup_episodes
-from intraskill_jax.rollout.jax_sampler import JaxSampler, SamplerConfig, native_bfloat16_products
+from intraskill_jax.bench.rollout import define_episode_flags, play_episodes, sampler_field, setup_episodes
+from intraskill_jax.rollout.jax_sampler import JaxSampler, native_bfloat16_products
 
 DEFAULT_SETTING = "weight_dtype=float32,bfloat16"
 
@@ -39,13 +39,10 @@ DEFAULT_SETTING = "weight_dtype=float32,bfloat16"
 def parse_setting(setting: str) -> tuple[str, list[Any]]:
     """'NAME=A,B' -> (NAME, [A, B]) with the values of the `SamplerConfig` field's type."""
     name, _, values = setting.partition("=")
-    fields = {f.name: f for f in dataclasses.fields(SamplerConfig)}
     parts = values.split(",")
-    if name not in fields or len(parts) != 2 or not all(parts):
-        raise ValueError(f"--setting must be NAME=A,B with NAME a field of rollout.sampler "
-                         f"({', '.join(sorted(fields))}), got {setting!r}")
-    kind = type(getattr(SamplerConfig(), name))
-    return name, [kind(p) if kind is not bool else p.lower() in ("1", "true") for p in parts]
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"--setting must be NAME=A,B with NAME a field of rollout.sampler, got {setting!r}")
+    return name, [sampler_field(name, p) for p in parts]
 
 
 def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "smollm2", rounds: int = 2,

@@ -36,12 +36,16 @@ def test_both_engines_play_the_episodes_and_both_updates_are_timed(micro_size: s
 
 
 def test_a_bfloat16_sampler_against_the_float32_reference_without_the_update(micro_size: str):
-    """`--sampler-weights bfloat16` gives our side bfloat16 weight copies (as the SmolLM2 run samples)
-    and `--update-repeats 0` leaves the update out; the work both sides did is in the JSON."""
+    """`--sampler-weights bfloat16` gives our side bfloat16 weight copies (as the SmolLM2 run samples),
+    `--sampler` sets other fields of its config, and `--update-repeats 0` leaves the update out; the
+    work both sides did is in the JSON."""
+    settings = bench.parse_sampler_settings(["min_cache_length=128", "cache_growth=1.25", "decode_halvings=1"])
+    assert settings == {"min_cache_length": 128, "cache_growth": 1.25, "decode_halvings": 1}
     result = bench.run(episodes=2, turns=2, new_tokens=4, size=micro_size, rounds=1, update_repeats=0,
-                       sampler_weights="bfloat16")
+                       sampler_weights="bfloat16", sampler_settings=settings)
     config = result["config"]
-    assert config["sampler_weights"] == "bfloat16"
+    assert config["sampler_weights"] == result["sampler"]["weight_dtype"] == "bfloat16"
+    assert {name: result["sampler"][name] for name in settings} == settings
     assert config["turns_played"] == config["turns_played_ref"] == 2 * 2
     assert 0 < config["generated_tokens"] <= 2 * 2 * 4 and 0 < config["generated_tokens_ref"] <= 2 * 2 * 4
     assert not any(name.startswith("update") for name in result)
@@ -114,4 +118,10 @@ def test_the_sampler_benchmark_compares_a_shared_prefix_segment_on_skill_prompts
     assert result["config"]["skill"] and sorted(result["rounds"]) == ["shared_prefix_slots=0", "shared_prefix_slots=256"]
     assert result["identical_episodes"] == 2
     with pytest.raises(ValueError, match="NAME=A,B"):
+        sampler.parse_setting("cache_growth=1.5")
+    with pytest.raises(ValueError, match="'no_such_field' is not a field of rollout.sampler"):
         sampler.parse_setting("no_such_field=1,2")
+    with pytest.raises(ValueError, match="cache_growth takes a float, got 'fast'"):
+        bench.parse_sampler_settings(["cache_growth=fast"])
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        bench.parse_sampler_settings(["cache_growth"])
