@@ -152,15 +152,17 @@ def update_tokens_per_s(model: nnx.Module, trajs: Sequence[Trajectory], pad_id: 
 
 
 def sampler_field(name: str, text: str) -> Any:
-    """`text` as a value of `SamplerConfig`'s field `name` (its type; for a bool 1/true or 0/false)."""
+    """`text` as a value of `SamplerConfig`'s field `name`, of its type (a tuple of ints written
+    with colons: `prefill_buckets=32:64:128`)."""
     fields = {f.name for f in dataclasses.fields(SamplerConfig)}
     if name not in fields:
         raise ValueError(f"{name!r} is not a field of rollout.sampler ({', '.join(sorted(fields))})")
     kind = type(getattr(SamplerConfig(), name))
     try:
-        return text.lower() in ("1", "true") if kind is bool else kind(text)
+        return tuple(int(x) for x in text.split(":")) if kind is tuple else kind(text)
     except ValueError:
-        raise ValueError(f"rollout.sampler.{name} takes a {kind.__name__}, got {text!r}") from None
+        raise ValueError(f"rollout.sampler.{name} takes {'ints joined by colons' if kind is tuple else 'a ' + kind.__name__}"
+                         f", got {text!r}") from None
 
 
 def parse_sampler_settings(settings: Sequence[str]) -> dict[str, Any]:
@@ -196,6 +198,7 @@ def setup_episodes(episodes: int, turns: int, new_tokens: int, size: str, kernel
         agent = AgentConfig(max_turns=turns, max_context_tokens=32768, max_observation_chars=2000)
         sampler = dataclasses.replace(sampler_config(episodes, new_tokens), weight_dtype=sampler_weights)
         overrides = KERNELS[kernels]
+    sampler = dataclasses.replace(sampler, **(sampler_settings or {}))  # checked before the model loads
     if model_path:
         from intraskill_jax.models.acquire import resolve_checkpoint
         from intraskill_jax.models.params import checkpoint_family, load_pretrained
@@ -222,7 +225,6 @@ def setup_episodes(episodes: int, turns: int, new_tokens: int, size: str, kernel
             tok = train_tokenizer(texts, vocab_size=4096, tool_format=family.tool_format)
             cfg = dataclasses.replace(cfg, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **overrides)
         model = family.model_class(cfg, rngs=nnx.Rngs(0))
-    sampler = dataclasses.replace(sampler, **(sampler_settings or {}))
     sampling = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, stop_token_ids=(tok.convert_tokens_to_ids(IM_END),))
     specs = [EpisodeSpec(int(t)) for t in world.splits.test[:episodes]]
     if skill:

@@ -39,8 +39,10 @@ def test_a_bfloat16_sampler_against_the_float32_reference_without_the_update(mic
     """`--sampler-weights bfloat16` gives our side bfloat16 weight copies (as the SmolLM2 run samples),
     `--sampler` sets other fields of its config, and `--update-repeats 0` leaves the update out; the
     work both sides did is in the JSON."""
-    settings = bench.parse_sampler_settings(["min_cache_length=128", "cache_growth=1.25", "decode_halvings=1"])
-    assert settings == {"min_cache_length": 128, "cache_growth": 1.25, "decode_halvings": 1}
+    settings = bench.parse_sampler_settings(["min_cache_length=128", "cache_growth=1.25", "decode_halvings=1",
+                                              "prefill_buckets=16:32:64:128:256:512"])
+    assert settings == {"min_cache_length": 128, "cache_growth": 1.25, "decode_halvings": 1,
+                        "prefill_buckets": (16, 32, 64, 128, 256, 512)}
     result = bench.run(episodes=2, turns=2, new_tokens=4, size=micro_size, rounds=1, update_repeats=0,
                        sampler_weights="bfloat16", sampler_settings=settings)
     config = result["config"]
@@ -123,5 +125,10 @@ def test_the_sampler_benchmark_compares_a_shared_prefix_segment_on_skill_prompts
         sampler.parse_setting("no_such_field=1,2")
     with pytest.raises(ValueError, match="cache_growth takes a float, got 'fast'"):
         bench.parse_sampler_settings(["cache_growth=fast"])
+    with pytest.raises(ValueError, match="prefill_buckets takes ints joined by colons, got '32,64'"):
+        bench.parse_sampler_settings(["prefill_buckets=32,64"])
     with pytest.raises(ValueError, match="NAME=VALUE"):
         bench.parse_sampler_settings(["cache_growth"])
+    # A value of the right type that the sampler refuses fails before any model is built.
+    with pytest.raises(ValueError, match="cache_growth > 1"):
+        bench.setup_episodes(2, 1, 4, micro_size, "cpu", sampler_settings={"cache_growth": 0.5})
