@@ -36,8 +36,8 @@ two tokens nearly tie: the JSON counts the turns and tokens each side played, th
 `--sampler NAME=VALUE` (repeatable) sets a field of our side's `rollout.sampler` on top of the run
 config's, e.g. the cache's growth (`--sampler min_cache_length=256 --sampler cache_growth=1.25`:
 more cache sizes, each compiling its programs before the timed rounds, so that attention reads
-fewer empty slots); the JSON's `sampler` holds the settings played. `--update-repeats 0` leaves the update out (at 16 or more episodes it needs more memory than the
-rollouts). `--skill` puts the run config's initial bank, whole, in every system prompt, as the
+fewer empty slots); the JSON's `sampler` holds the settings played. `--update-repeats 0` leaves
+the update out (at 16 or more episodes it needs more memory than the rollouts). `--skill` puts the run config's initial bank, whole, in every system prompt, as the
 evaluation's skill conditions see it: the reference re-prefills it every turn; ours holds it once
 where the config sets `rollout.sampler.shared_prefix_slots`.
 """
