@@ -37,9 +37,10 @@ two tokens nearly tie: the JSON counts the turns and tokens each side played, th
 config's, e.g. the cache's growth (`--sampler min_cache_length=256 --sampler cache_growth=1.25`:
 more cache sizes, each compiling its programs before the timed rounds, so that attention reads
 fewer empty slots); the JSON's `sampler` holds the settings played. `--update-repeats 0` leaves
-the update out (at 16 or more episodes it needs more memory than the rollouts). `--skill` puts the run config's initial bank, whole, in every system prompt, as the
-evaluation's skill conditions see it: the reference re-prefills it every turn; ours holds it once
-where the config sets `rollout.sampler.shared_prefix_slots`.
+the update out (at 16 or more episodes it needs more memory than the rollouts). `--skill` puts the
+run config's initial bank, whole, in every system prompt, as the evaluation's skill conditions see
+it: the reference re-prefills it every turn; ours holds it once where the config sets
+`rollout.sampler.shared_prefix_slots`.
 """
 
 from __future__ import annotations
@@ -161,8 +162,8 @@ def sampler_field(name: str, text: str) -> Any:
     try:
         return tuple(int(x) for x in text.split(":")) if kind is tuple else kind(text)
     except ValueError:
-        raise ValueError(f"rollout.sampler.{name} takes {'ints joined by colons' if kind is tuple else 'a ' + kind.__name__}"
-                         f", got {text!r}") from None
+        wanted = "ints joined by colons" if kind is tuple else f"a {kind.__name__}"
+        raise ValueError(f"rollout.sampler.{name} takes {wanted}, got {text!r}") from None
 
 
 def parse_sampler_settings(settings: Sequence[str]) -> dict[str, Any]:
