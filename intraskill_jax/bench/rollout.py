@@ -282,6 +282,8 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
                    # Greedy on both sides: equal histories mean equal work (fp32 near-ties may differ).
                    "episodes_identical_to_ref": sum(a.token_ids == b.token_ids for a, b in zip(trajs, trajs_ref)),
                    "sampler_cache_slots": ours.cache_length, "shared_prefix_tokens": ours.shared_prefix_tokens,
+                   # Over the warm-up and every round (`SamplerConfig.draft_tokens`).
+                   "drafted_tokens_kept": ours.drafted_tokens_kept,
                    "threads": os.cpu_count(), "load_average_before": load_before, "load_average_after": load_after,
                    "allocator": allocator.active()},
         "sampler": dataclasses.asdict(sampler),

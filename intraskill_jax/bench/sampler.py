@@ -15,7 +15,10 @@ they have been slower (`weight_dtype = "bfloat16_if_native"` picks by that: the 
 the evaluation's skill conditions see it); each sampler is warmed up first, then they alternate
 round by round and each one's best round counts. The two sides' turns and tokens show that they did
 the same work (greedy episodes may part where two tokens nearly tie and the summation order
-differs, as bfloat16 products do).
+differs, as bfloat16 products do). With `--temperature` the episodes are sampled, as GRPO's and the
+evaluation's are (`rollout.sampling`, `eval.sampling`): each side then plays episodes of its own,
+and `speedup_per_token` compares the seconds per generated token of the two best rounds. Each round
+reports the drafted tokens its sampler kept (`draft_tokens`).
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ def parse_setting(setting: str) -> tuple[str, list[Any]]:
 
 def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "smollm2", rounds: int = 2,
         kernels: str = "cpu", model_path: str | None = None, config_path: str | None = None,
-        setting: str = DEFAULT_SETTING, skill: bool = False) -> dict[str, Any]:
+        setting: str = DEFAULT_SETTING, skill: bool = False, temperature: float = 0.0) -> dict[str, Any]:
     name, values = parse_setting(setting)
     world, tok, model, sampling, agent, specs, sampler = setup_episodes(episodes, turns, new_tokens, size, kernels,
                                                                         model_path, config_path, skill=skill)
+    sampling = dataclasses.replace(sampling, temperature=temperature)
     labels = [f"{name}={v}" for v in values]
     engines = {label: JaxSampler(model, dataclasses.replace(sampler, **{name: v})) for label, v in zip(labels, values)}
     for label, engine in engines.items():
@@ -59,11 +63,13 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     rounds_played: dict[str, list[dict[str, Any]]] = {label: [] for label in labels}
     for r in range(rounds):  # alternating: load from other processes only ever slows a round down
         for label, engine in engines.items():
+            kept = engine.drafted_tokens_kept
             seconds, cpu, trajs = play_episodes(engine, world, tok, specs, sampling, agent, f"{label}/{r}")
             rounds_played[label].append({"seconds": round(seconds, 3), "cpu_seconds": round(cpu, 2),
                                          "turns": sum(len(t.turns) for t in trajs),
                                          "generated_tokens": sum(t.generated_tokens for t in trajs),
                                          "successes": sum(t.success for t in trajs),
+                                         "drafted_tokens_kept": engine.drafted_tokens_kept - kept,
                                          "tokens": [t.token_ids for t in trajs]})
     best = {label: min(rounds_played[label], key=lambda x: x["seconds"]) for label in labels}
     first, second = labels
@@ -74,7 +80,7 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     return {
         "config": {"size": size, "kernels": kernels, "episodes": episodes, "turns": turns, "new_tokens": new_tokens,
                    "rounds": rounds, "model_path": str(model_path or ""), "run_config": str(config_path or ""),
-                   "skill": skill, "setting": setting, "threads": os.cpu_count(), "load_average_before": load_before,
+                   "skill": skill, "setting": setting, "temperature": temperature, "threads": os.cpu_count(), "load_average_before": load_before,
                    "load_average_after": os.getloadavg()[0], "allocator": allocator.active()},
         "native_bfloat16": native_bfloat16_products(),
         "rounds": rounds_played,
@@ -82,6 +88,9 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
         "identical_episodes": same,  # of `episodes`, token for token, between the two best rounds
         # > 1: the second setting plays the episodes faster here.
         "speedup": best[first]["seconds"] / best[second]["seconds"],
+        # The same, per generated token: sampled episodes differ between the sides.
+        "speedup_per_token": (best[first]["seconds"] / best[first]["generated_tokens"])
+        / (best[second]["seconds"] / best[second]["generated_tokens"]),
     }
 
 
@@ -93,10 +102,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         define_episode_flags(values, size="smollm2")
         flags.DEFINE_string("setting", DEFAULT_SETTING, "NAME=A,B: a rollout.sampler field and its two values",
                             flag_values=values)
+        flags.DEFINE_float("temperature", 0.0, "sample the episodes at this temperature (0: greedy)",
+                           flag_values=values)
 
     args = flagparse.parse("python -m intraskill_jax.bench.sampler", __doc__, define, argv)
     result = run(args.episodes, args.turns, args.new_tokens, args.size, args.rounds, args.kernels, args.model_path,
-                 args.config, args.setting, args.skill)
+                 args.config, args.setting, args.skill, args.temperature)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

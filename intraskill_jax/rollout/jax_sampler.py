@@ -26,6 +26,11 @@ apart, at batch 1 (once for siblings with the same prompt), where that computes 
 columns. State is copied between rows one row at a time in place (a scatter made XLA:CPU rewrite
 the whole cache).
 
+With `draft_tokens` (attention-only models), each decode step also feeds tokens drafted from the
+row's own history (prompt lookup: what followed the last occurrence of its latest tokens), keeps
+those the model agrees with, and gives back the slots of the others: a step yields several tokens
+where a reply copies the session (a tool call's frame, a product id, an option's value).
+
 Each row writes only its own real tokens at its own next slots (padding and idle rows cost none),
 so the cache needs as many slots as the longest live session. Attention reads every slot (with the
 model's `cache_block_size`, the blocks up to the last slot in use), so the cache starts short and
@@ -49,7 +54,7 @@ from flax import nnx
 
 from intraskill_jax.models.cache import AttentionCache, DecodeCache, DeltaNetCache, init_cache
 from intraskill_jax.rollout.base import Completion, GenerateRequest, SamplingParams, WeightUpdate
-from intraskill_jax.rollout.sampling import sample_tokens
+from intraskill_jax.rollout.sampling import accept_drafts, sample_tokens
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,11 @@ class SamplerConfig:
       shared_prefix_slots: the size of the segment holding a prefix the sessions share, attended by
         each of them and held once (0: none; a shared prefix's state is copied into each row).
         Longer prefixes keep their first this many tokens there, the rest in the rows.
+      draft_tokens: tokens drafted from each row's own history that a decode step checks beside
+        its sampled one (0: off; `decode`, `prompt_lookup`): a step then yields up to this many
+        more tokens, each distributed as in plain decoding (greedy replies token for token the
+        same). Attention-only models. With 4, 16 greedy episodes of SmolLM2 played 1.3-1.5x as
+        fast on a 2-core CPU (docs/performance.md); each drafted token makes a step dearer.
       decode_halvings: how many times a decode call may halve its batch, going on with the rows
         still generating once they are at most half of it (`decode`): for backends where a step's
         cost follows its rows (a CPU); each halving compiles one more loop into the program.
@@ -99,6 +109,7 @@ class SamplerConfig:
     apart_call_cost: int = 64
     shared_prefix_slots: int = 0
     decode_halvings: int = 0
+    draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_length < 2 or self.min_cache_length < 1 or not self.cache_growth > 1:
@@ -107,9 +118,10 @@ class SamplerConfig:
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"sampler weight_dtype must be one of {', '.join(map(repr, WEIGHT_DTYPES))}, "
                              f"got {self.weight_dtype!r}")
-        if min(self.apart_call_cost, self.shared_prefix_slots, self.decode_halvings) < 0:
-            raise ValueError("sampler apart_call_cost, shared_prefix_slots and decode_halvings must be >= 0, got "
-                             f"{self.apart_call_cost}, {self.shared_prefix_slots} and {self.decode_halvings}")
+        if min(self.apart_call_cost, self.shared_prefix_slots, self.decode_halvings, self.draft_tokens) < 0:
+            raise ValueError("sampler apart_call_cost, shared_prefix_slots, decode_halvings and draft_tokens must be "
+                             f">= 0, got {self.apart_call_cost}, {self.shared_prefix_slots}, {self.decode_halvings} "
+                             f"and {self.draft_tokens}")
         for name in ("prefill_buckets", "decode_buckets"):
             b = getattr(self, name)
             if not b or list(b) != sorted(b) or b[0] < 1:
@@ -152,6 +164,7 @@ class JaxSampler:
         self.weight_version = weight_version
         self.shared_prefix_tokens = 0  # tokens a row copied in instead of pre-filling them
         self.apart_tokens = 0  # tokens pre-filled apart from the turn's batch (`_heads_apart`)
+        self.drafted_tokens_kept = 0  # sampled tokens that came from a draft (`draft_tokens`)
         self._rows: dict[str, _Row] = {}
         self._key = jax.random.key(self.config.seed)
         self.flush()
@@ -171,6 +184,11 @@ class JaxSampler:
         self.flush()
 
     def _use(self, model: nnx.Module) -> None:
+        recurrent = sorted(set(model.config.layer_types) - {"full_attention"})
+        if self.config.draft_tokens and recurrent:
+            raise ValueError(f"sampler draft_tokens={self.config.draft_tokens} needs an attention-only model "
+                             f"(Llama, Qwen3): this one has {', '.join(recurrent)} layers, whose state cannot "
+                             "give back a rejected draft; set draft_tokens=0")
         sampling_model = for_sampling(model, self.config.sampler_weight_dtype())
         self.model_config = sampling_model.config  # the cache takes its dtype
         self.graphdef, self.state = nnx.split(sampling_model)
@@ -244,7 +262,10 @@ class JaxSampler:
                 by_index[i].shared = self._prefix[2]
         # A row's slots hold its own history only (after the shared segment's), so the longest
         # session sets the cache size.
-        need = max(len(row.cached) - row.shared for row in (self._rows[r.session] for r in requests)) + steps
+        # A decode step writes its drafted tokens past the reply's own slots before giving back the
+        # ones not kept.
+        need = (max(len(row.cached) - row.shared for row in (self._rows[r.session] for r in requests)) + steps
+                + self.config.draft_tokens)
         if need > self.config.max_length:
             raise RuntimeError(
                 f"a session needs {need} cache slots but sampler.max_length is {self.config.max_length}; "
@@ -300,10 +321,22 @@ class JaxSampler:
         active[[at[i] for i in requested]] = True
         self._key, key = jax.random.split(self._key)
         stop = jnp.asarray(list(params.stop_token_ids) or [-1], jnp.int32)
-        tokens, logprobs, counts, cache = decode(
+        history = length = None
+        if self.config.draft_tokens:  # the rows' latest tokens (as many as the cache holds) to draft from
+            history = np.zeros((len(rows), cache.max_length + steps), np.int32)
+            length = np.zeros(len(rows), np.int32)
+            for r in requests:
+                row = self._rows[r.session]
+                tail = row.cached[-cache.max_length:]
+                history[at[row.index], :len(tail)] = tail
+                length[at[row.index]] = len(tail)
+            history, length = jnp.asarray(history), jnp.asarray(length)
+        tokens, logprobs, counts, cache, kept = decode(
             self.graphdef, self.state, cache, logits, key, jnp.asarray(active), jnp.float32(params.temperature),
-            jnp.float32(params.top_p), stop, jnp.int32(params.max_new_tokens), steps=steps, top_k=params.top_k,
-            shared=self._shared(), halvings=self.config.decode_halvings)
+            jnp.float32(params.top_p), stop, jnp.int32(params.max_new_tokens), history, length, steps=steps,
+            top_k=params.top_k, shared=self._shared(), halvings=self.config.decode_halvings,
+            drafts=self.config.draft_tokens)
+        self.drafted_tokens_kept += int(np.sum(kept))
         self._cache = cache if width == self.config.max_batch else _put_rows(self._cache, jnp.asarray(rows), cache)
         tokens, logprobs, counts = np.asarray(tokens), np.asarray(logprobs), np.asarray(counts)
         stop_set = set(params.stop_token_ids)
@@ -599,61 +632,156 @@ def _prefill_apart(graphdef, state, cache: DecodeCache, source, ids, mask, targe
     return _write_rows(cache, targets, one)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k", "halvings"),
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("steps", "top_k", "halvings", "drafts"),
                    donate_argnums=(2,))
-def decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature, top_p, stop_ids, max_new, *,
-           steps: int, top_k: int, shared: DecodeCache | None = None, halvings: int = 0):
+def decode(graphdef, state, cache: DecodeCache, logits, key, active, temperature, top_p, stop_ids, max_new,
+           history=None, history_length=None, *, steps: int, top_k: int, shared: DecodeCache | None = None,
+           halvings: int = 0, drafts: int = 0):
     """Samples up to `steps` tokens per `active` row, each fed back while its row still generates.
+    Returns (tokens [B, steps], log-probs [B, steps], counts [B], the cache, drafted tokens kept [B]).
 
     With `halvings`, once at most half the rows still generate, they go on alone at half the batch
     (their cache rows copied out, and back when they end), as many times: on a CPU a step's
     products and cache reads cost what its rows do, and the replies of a turn end at different
     steps (SmolLM2's first turn: 64 steps for a mean of 40 tokens), so its last steps ran for a few
-    rows at the price of all."""
+    rows at the price of all.
+
+    With `drafts` = K > 0 (attention-only models), each step feeds its sampled token and K tokens
+    drafted from the row's own history (`history` [B, L], the last `history_length` [B] entries of
+    it real, followed by room for the reply: `prompt_lookup`), takes every position's logits, and
+    keeps the drafted tokens the model agrees with (`sampling.accept_drafts`): a reply copies much
+    of what the session already holds (the tool call's frame, a product id, an option's value), so
+    a step yields up to K + 1 tokens. The slots of the drafted tokens not kept are given back
+    (`_rewind`): a DeltaNet's recurrent state could not be."""
     model = nnx.merge(graphdef, state)
     b = logits.shape[0]
+    columns = jnp.arange(drafts + 1)
+
+    def put(buf, at, values, mask):  # buf[r, at[r] + j] = values[r, j] where mask[r, j]
+        width = buf.shape[1]
+        return buf.at[jnp.arange(buf.shape[0])[:, None], jnp.where(mask, at[:, None] + columns[: mask.shape[1]],
+                                                                   width)].set(values, mode="drop")
 
     def body(carry):
-        i, cache, logits, key, alive, tokens, lps, counts = carry
-        key, sub = jax.random.split(key)
-        tok, lp = sample_tokens(logits, sub, temperature, top_p, top_k)
-        tokens = tokens.at[:, i].set(jnp.where(alive, tok, 0))
-        lps = lps.at[:, i].set(jnp.where(alive, lp, 0.0))
+        i, cache, key, row = carry
+        alive, counts = row["alive"], row["counts"]
+        b = alive.shape[0]  # the rows of this loop: fewer once a call halves its batch
+        if drafts:
+            key, sub, check_key = jax.random.split(key, 3)
+        else:
+            key, sub = jax.random.split(key)
+        tok, lp = sample_tokens(row["logits"], sub, temperature, top_p, top_k, row.get("exclude"))
         counts = counts + alive.astype(jnp.int32)
-        feed = alive & ~jnp.isin(tok, stop_ids) & (counts < max_new)
+        go = alive & ~jnp.isin(tok, stop_ids) & (counts < max_new)
+        ids, emit, lps = tok[:, None], alive[:, None], lp[:, None]
+        if drafts:
+            hist = put(row["history"], row["history_length"], tok[:, None], alive[:, None])
+            hlen = row["history_length"] + alive.astype(jnp.int32)
+            ids = jnp.concatenate([ids, prompt_lookup(hist, hlen, drafts)], axis=1)
+        feed = jnp.broadcast_to(go[:, None], ids.shape)
 
-        def step(cache):
-            hidden, cache = model.hidden_states(tok[:, None], feed[:, None], cache=cache, shared=shared)
-            return model.logits(hidden[:, -1]), cache
+        def check(cache):
+            hidden, cache = model.hidden_states(ids, feed, cache=cache, shared=shared)
+            return model.logits(hidden).astype(jnp.float32), cache
 
-        logits, cache = jax.lax.cond(jnp.any(feed), step, lambda c: (logits, c), cache)
-        return i + 1, cache, logits, key, feed, tokens, lps, counts
+        def idle(cache):
+            return jnp.broadcast_to(row["logits"][:, None], (*ids.shape, row["logits"].shape[-1])), cache
+
+        out, cache = jax.lax.cond(jnp.any(go), check, idle, cache)
+        kept = jnp.zeros((b,), jnp.int32)
+        if drafts:
+            guess = ids[:, 1:]
+            agree, guess_lps = accept_drafts(out[:, :-1].reshape(b * drafts, -1), guess.reshape(-1), check_key,
+                                             temperature, top_p, top_k)
+            # A drafted token is emitted while every one before it was kept and none of them ended
+            # the reply (a stop token, or max_new reached): both cut the kept run.
+            stops = jnp.isin(guess, stop_ids)
+            after_stop = jnp.cumsum(stops, axis=1) - stops
+            emitted = (jnp.cumprod(agree.reshape(b, drafts), axis=1).astype(bool) & (after_stop == 0)
+                       & (counts[:, None] + columns[1:] <= max_new) & go[:, None])
+            kept = jnp.sum(emitted, axis=1, dtype=jnp.int32)
+            emit = jnp.concatenate([emit, emitted], axis=1)
+            lps = jnp.concatenate([lps, guess_lps.reshape(b, drafts)], axis=1)
+            hist = put(hist, hlen, guess, emitted)
+            last = jnp.take_along_axis(ids, kept[:, None], axis=1)[:, 0]
+        else:
+            last = tok
+        tokens = put(row["tokens"], row["counts"], ids, emit)
+        lps = put(row["lps"], row["counts"], lps, emit)
+        counts = counts + kept
+        going = go & ~jnp.isin(last, stop_ids) & (counts < max_new)
+        # The logits after each row's last token fed: its next token's. (The rows that did not feed
+        # are done.) A gather of them made libtpu's compiler fail a check (jax 0.10.2).
+        logits = (jnp.sum(jnp.where(kept[:, None, None] == columns[None, :, None], out, 0.0), axis=1) if drafts
+                  else out[:, 0])
+        row = dict(row, alive=going, counts=counts, tokens=tokens, lps=lps, logits=logits, kept=row["kept"] + kept)
+        if drafts:
+            # The rows fed every drafted token; they keep the ones emitted and, going on, their last
+            # emitted token too (a row that ends leaves its last token unfed, as in plain decoding).
+            cache = _rewind(cache, jnp.where(go, drafts + 1 - kept - going.astype(jnp.int32), 0))
+            rejected = jnp.take_along_axis(ids, jnp.minimum(kept + 1, drafts)[:, None], axis=1)[:, 0]
+            row.update(history=hist, history_length=hlen + kept,
+                       exclude=jnp.where(going & (kept < drafts), rejected, -1))
+        return i + 1, cache, key, row
 
     def run(carry, halvings):
-        rows = carry[2].shape[0]
+        rows = carry[3]["alive"].shape[0]
         halve = halvings > 0 and rows % 2 == 0
         floor = rows // 2 if halve else 0
-        carry = jax.lax.while_loop(lambda c: (c[0] < steps) & (jnp.sum(c[4]) > floor), body, carry)
+        carry = jax.lax.while_loop(lambda c: (c[0] < steps) & (jnp.sum(c[3]["alive"]) > floor), body, carry)
         if not halve:
             return carry
 
         def on_half(carry):
-            i, cache, logits, key, alive, tokens, lps, counts = carry
+            i, cache, key, row = carry
             # The rows still generating first, in order: at most `floor` of them.
-            idx = jnp.argsort(~alive, stable=True)[:floor]
-            part = (i, _map_rows(lambda x: x[idx], cache), logits[idx], key, alive[idx], tokens[idx], lps[idx],
-                    counts[idx])
-            i, part_cache, logits_part, key, alive_part, tokens_part, lps_part, counts_part = run(part, halvings - 1)
-            return (i, _write_rows(cache, idx, part_cache), logits.at[idx].set(logits_part), key,
-                    alive.at[idx].set(alive_part), tokens.at[idx].set(tokens_part), lps.at[idx].set(lps_part),
-                    counts.at[idx].set(counts_part))
+            idx = jnp.argsort(~row["alive"], stable=True)[:floor]
+            i, part_cache, key, part = run((i, _map_rows(lambda x: x[idx], cache), key,
+                                            jax.tree.map(lambda x: x[idx], row)), halvings - 1)
+            return (i, _write_rows(cache, idx, part_cache), key,
+                    jax.tree.map(lambda x, y: x.at[idx].set(y), row, part))
 
-        return jax.lax.cond((carry[0] < steps) & jnp.any(carry[4]), on_half, lambda c: c, carry)
+        return jax.lax.cond((carry[0] < steps) & jnp.any(carry[3]["alive"]), on_half, lambda c: c, carry)
 
-    init = (jnp.int32(0), cache, logits, key, active, jnp.zeros((b, steps), jnp.int32),
-            jnp.zeros((b, steps), jnp.float32), jnp.zeros((b,), jnp.int32))
-    _, cache, _, _, _, tokens, lps, counts = run(init, halvings)
-    return tokens, lps, counts, cache
+    row = dict(logits=logits.astype(jnp.float32), alive=active, tokens=jnp.zeros((b, steps), jnp.int32),
+               lps=jnp.zeros((b, steps), jnp.float32), counts=jnp.zeros((b,), jnp.int32),
+               kept=jnp.zeros((b,), jnp.int32))
+    if drafts:
+        row.update(history=history, history_length=history_length, exclude=jnp.full((b,), -1, jnp.int32))
+    _, cache, _, row = run((jnp.int32(0), cache, key, row), halvings)
+    return row["tokens"], row["lps"], row["counts"], cache, row["kept"]
+
+
+def prompt_lookup(history: jax.Array, length: jax.Array, k: int, match: int = 3) -> jax.Array:
+    """K tokens drafted per row from its own history [B, L] (its first `length` [B] entries real):
+    the tokens that followed the latest earlier occurrence of its last `match` tokens (or of fewer,
+    down to one, where those never occurred before), repeated with their period where the
+    occurrence runs into the end; without any occurrence, its last token. Any draft is correct
+    (`sampling.accept_drafts` keeps only what the model agrees with); a good one saves steps."""
+    positions = jnp.arange(history.shape[1])
+    last = length[:, None] - 1
+    found = jnp.full(length.shape, -1)
+    matched = positions[None] < last  # an occurrence ends at p, with p + 1 still in the history
+    for n in range(match):
+        earlier = jnp.pad(history, ((0, 0), (n, 0)))[:, : history.shape[1]]  # earlier[:, p] = history[:, p - n]
+        own = jnp.take_along_axis(history, jnp.maximum(last - n, 0), axis=1)
+        matched = matched & (earlier == own) & (positions[None] >= n) & (last - n >= 0)
+        # The longest match that occurred wins; shorter ones fill in where it did not.
+        found = jnp.where(jnp.any(matched, axis=1), jnp.max(jnp.where(matched, positions[None], -1), axis=1), found)
+    period = jnp.where(found >= 0, last[:, 0] - found, 1)
+    start = jnp.where(found >= 0, found + 1, last[:, 0])
+    at = start[:, None] + jnp.arange(k)[None] % period[:, None]
+    return jnp.take_along_axis(history, jnp.clip(at, 0, history.shape[1] - 1), axis=1)
+
+
+@jax.jit
+def _rewind(cache: DecodeCache, n: jax.Array) -> DecodeCache:
+    """`cache` without the last `n` [B] tokens each row wrote: their slots invalid again and free for
+    the row's next tokens (attention layers; a DeltaNet's recurrent state cannot be rewound)."""
+    length = cache.length - n
+    slots = jnp.arange(cache.max_length)[None]
+    given_back = (slots >= length[:, None]) & (slots < cache.length[:, None])
+    return cache.replace(key_valid=cache.key_valid & ~given_back, length=length, next_position=cache.next_position - n)
 
 
 def _resized(cache: DecodeCache, length: int) -> DecodeCache:

@@ -78,15 +78,52 @@ def categorical(key: jax.Array, logits: jax.Array, block: int = 128) -> jax.Arra
 
 
 def sample_tokens(logits: jax.Array, key: jax.Array, temperature: jax.Array | float, top_p: jax.Array | float,
-                  top_k: int) -> tuple[jax.Array, jax.Array]:
+                  top_k: int, exclude: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Samples one token per row. logits [B, V] float32 -> (tokens [B] int32, logprobs [B] float32).
 
     Greedy (temperature <= 0) and sampled draws are branches of a `lax.cond`: a step computes only
-    the one it takes.
+    the one it takes. `exclude` [B] (-1: none) is a token each sampled row draws without, from the
+    filtered distribution renormalized: the residual of a drafted token just rejected
+    (`accept_drafts`). A greedy row's maximum is never that token, so it ignores it.
     """
     greedy = jnp.asarray(temperature) <= 0
     scaled = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, temperature)
-    tokens = jax.lax.cond(greedy, argmax, lambda s: categorical(key, filter_logits(s, top_k, top_p)), scaled)
+
+    def draw(scaled: jax.Array) -> jax.Array:
+        kept = filter_logits(scaled, top_k, top_p)
+        if exclude is not None:
+            kept = jnp.where(jnp.arange(kept.shape[-1]) == exclude[:, None], jnp.finfo(kept.dtype).min, kept)
+        return categorical(key, kept)
+
+    tokens = jax.lax.cond(greedy, argmax, draw, scaled)
+    return tokens, _logprob_of(scaled, tokens)
+
+
+def _logprob_of(scaled: jax.Array, tokens: jax.Array) -> jax.Array:
+    """log softmax(scaled) [B, V] at tokens [B], before any filtering."""
     top = jnp.max(scaled, axis=-1)
     log_total = jnp.log(jnp.sum(jnp.exp(scaled - top[:, None]), axis=-1)) + top
-    return tokens, jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - log_total
+    return jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - log_total
+
+
+def accept_drafts(logits: jax.Array, drafts: jax.Array, key: jax.Array, temperature: jax.Array | float,
+                  top_p: jax.Array | float, top_k: int) -> tuple[jax.Array, jax.Array]:
+    """Whether each drafted token is kept, and its log-prob: logits [N, V] (the distribution at each
+    drafted token's place), drafts [N] -> (kept [N] bool, logprobs [N] float32).
+
+    Greedy: kept where the draft is the maximum, so the reply is token for token the one plain
+    decoding gives. Sampled: kept with the draft's probability under the filtered distribution
+    (speculative sampling with a draft that is a single token: q(d) = 1). A rejected draft's place
+    is then drawn from the same distribution without it (`sample_tokens(exclude=...)`), so every
+    token is distributed as in plain decoding. The log-prob is `sample_tokens`'s, before filtering.
+    """
+    greedy = jnp.asarray(temperature) <= 0
+    scaled = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, temperature)
+
+    def sampled(scaled: jax.Array) -> jax.Array:
+        kept = filter_logits(scaled, top_k, top_p)
+        prob = jnp.exp(_logprob_of(kept, drafts))
+        return jax.random.uniform(key, drafts.shape) < prob
+
+    kept = jax.lax.cond(greedy, lambda s: argmax(s) == drafts, sampled, scaled)
+    return kept, _logprob_of(scaled, drafts)

@@ -132,3 +132,23 @@ def test_the_sampler_benchmark_compares_a_shared_prefix_segment_on_skill_prompts
     # A value of the right type that the sampler refuses fails before any model is built.
     with pytest.raises(ValueError, match="cache_growth > 1"):
         bench.setup_episodes(2, 1, 4, micro_size, "cpu", sampler_settings={"cache_growth": 0.5})
+
+
+def test_the_sampler_benchmark_plays_drafted_tokens_greedy_and_sampled(monkeypatch: pytest.MonkeyPatch):
+    """`--setting draft_tokens=0,3` on an attention-only model: greedy, the drafts leave the episodes
+    as they were, and each round reports the drafted tokens its sampler kept; with `--temperature`
+    the episodes are sampled and compared per generated token."""
+    from intraskill_jax.bench import sampler
+
+    monkeypatch.setitem(model_bench.SIZES, "micro_llama", (ModelConfig.tiny_llama, None))
+    greedy = sampler.run(episodes=2, turns=2, new_tokens=8, size="micro_llama", rounds=1, setting="draft_tokens=0,3")
+    assert greedy["identical_episodes"] == 2 and greedy["config"]["temperature"] == 0.0
+    assert greedy["rounds"]["draft_tokens=0"][0]["drafted_tokens_kept"] == 0
+    assert 0 <= greedy["rounds"]["draft_tokens=3"][0]["drafted_tokens_kept"] < greedy["best"]["draft_tokens=3"][
+        "generated_tokens"]
+    sampled = sampler.run(episodes=2, turns=2, new_tokens=8, size="micro_llama", rounds=1, setting="draft_tokens=0,3",
+                          temperature=1.0)
+    best = sampled["best"]
+    per_token = [best[k]["seconds"] / best[k]["generated_tokens"] for k in ("draft_tokens=0", "draft_tokens=3")]
+    assert sampled["speedup_per_token"] == pytest.approx(per_token[0] / per_token[1])
+    assert sampled["config"]["temperature"] == 1.0

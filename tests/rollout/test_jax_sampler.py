@@ -14,6 +14,7 @@ from intraskill_jax.models import layers
 from intraskill_jax.models.cache import AttentionCache
 from intraskill_jax.models.layers import Linear
 from intraskill_jax.rollout.base import GenerateRequest, SamplingParams, WeightUpdate
+from intraskill_jax.rollout import jax_sampler
 from intraskill_jax.rollout.jax_sampler import JaxSampler
 
 from tests.rollout.tiny_models import SMALL, make_model
@@ -513,3 +514,111 @@ def test_a_shared_segment_holds_a_prefix_once_for_the_rows_that_attend_it(model,
     assert sampler._segment[0] == []
     history["K"] = other + [45]
     turn("K")
+
+
+def _prompt_lookup_reference(history, k, match=3):
+    """`prompt_lookup` for one row in plain Python: the latest earlier occurrence of the longest
+    suffix (match tokens down to one), its continuation repeated with its period."""
+    last = len(history) - 1
+    for n in range(match, 0, -1):
+        if last - n + 1 < 0:
+            continue
+        suffix = history[last - n + 1:]
+        ends = [p for p in range(n - 1, last) if history[p - n + 1: p + 1] == suffix]
+        if ends:
+            p = ends[-1]
+            return [history[p + 1 + j % (last - p)] for j in range(k)]
+    return [history[last]] * k
+
+
+def test_prompt_lookup_drafts_as_a_python_reference():
+    rng = np.random.default_rng(0)
+    # Short alphabets repeat, so matches of every length (and none) occur; lengths from 1 to 40.
+    rows = [rng.integers(0, a, n).tolist() for a, n in [(3, 40), (5, 23), (40, 12), (2, 1), (6, 2), (4, 31),
+                                                      (50, 30), (3, 5)]]
+    history = np.full((len(rows), 48), -5, np.int32)  # the room after each row's history holds junk
+    for i, r in enumerate(rows):
+        history[i, :len(r)] = r
+    lengths = np.asarray([len(r) for r in rows], np.int32)
+    for k in (1, 3, 6):
+        got = np.asarray(jax_sampler.prompt_lookup(jnp.asarray(history), jnp.asarray(lengths), k))
+        assert got.tolist() == [_prompt_lookup_reference(r, k) for r in rows], k
+    assert _prompt_lookup_reference([1, 2, 3, 9, 1, 2, 3], 4) == [9, 1, 2, 3]
+    assert _prompt_lookup_reference([5, 5], 3) == [5, 5, 5]
+
+
+def _kept_drafts(reply_length, start, drafts, wrong):
+    """How many drafted tokens a reply of `reply_length` tokens keeps when the draft for the token at
+    absolute position q is the reply's own unless `wrong(q)`."""
+    i = kept = 0
+    while i < reply_length:
+        i += 1  # the step's sampled token
+        for _ in range(drafts):
+            if i >= reply_length or wrong(start + i):
+                break
+            i, kept = i + 1, kept + 1
+    return kept
+
+
+def test_drafted_tokens_leave_every_reply_as_plain_decoding_gives_it(model, monkeypatch):
+    """With `draft_tokens`, greedy replies over two turns (rows ending at different steps, the decode
+    call halving its batch) are token for token the uncached reference's, and a step keeps exactly
+    the drafted tokens that match: drafts read from the reference with every fourth position wrong.
+    So are sampled replies drawn from the top token alone (the sampled acceptance path), whose
+    log-probs at the temperature stay what the trainer recomputes. The prompt-lookup drafts give
+    the same replies. A model with DeltaNet layers is refused."""
+    config = small(max_batch=4, decode_halvings=1, draft_tokens=2)
+    if "linear_attention" in model.config.layer_types:  # Qwen3.5
+        with pytest.raises(ValueError, match="attention-only"):
+            JaxSampler(model, config)
+        return
+    ps = prompts(21, 4)
+    stop = (greedy_reference(model, ps[0], 12, stop=-1)[3], STOP)  # the first row ends early
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=stop)
+    top_one = SamplingParams(temperature=0.7, top_k=1, max_new_tokens=12, stop_token_ids=stop)
+    current = {}  # session -> its history, then the model's greedy continuation: what the oracle drafts from
+
+    def play(sampler, params, oracle=False):
+        """Two turns of the four sessions, each reply checked against the reference; with the oracle's
+        drafts also the drafted tokens kept."""
+        history = {f"s{i}": p for i, p in enumerate(ps)}
+        for turn in range(2):
+            # The oracle drafts what the model says after a reply's end too (past a stop, past
+            # max_new): none of it may be emitted.
+            free = {s: greedy_reference(model, h, 14, stop=-1) for s, h in history.items()}
+            refs = {s: _cut_at_stop(f[:12], stop) for s, f in free.items()}
+            current.clear()
+            current.update({s: h + free[s] for s, h in history.items()})
+            before = sampler.drafted_tokens_kept
+            got = sampler.generate([GenerateRequest(s, h) for s, h in history.items()], params)
+            assert [c.token_ids for c in got] == list(refs.values()), turn
+            if params.temperature > 0:
+                for c, lp in zip(got, reference_logprobs(model, list(history.values()), list(refs.values()),
+                                                         params.temperature), strict=True):
+                    np.testing.assert_allclose(c.logprobs, lp, rtol=1e-4, atol=1e-4)
+            if oracle:
+                kept = sum(_kept_drafts(len(refs[s]), len(h), 2, lambda q: q % 4 == 1) for s, h in history.items())
+                assert sampler.drafted_tokens_kept - before == kept > 0, turn
+            history = {s: h + refs[s] + [60 + turn, 61] for s, h in history.items()}
+
+    play(JaxSampler(model, config), greedy)  # the prompt-lookup drafts
+
+    def drafts(history, length, k):
+        """The oracle's drafts for the rows of a decode step, in Python: a row is known by its
+        history, a prefix of one session's (rows move when a decode call halves its batch)."""
+        out = np.zeros((len(length), k), np.int32)
+        for r, n in enumerate(np.asarray(length)):
+            for full in current.values():
+                if n <= len(full) and list(np.asarray(history)[r, :n]) == full[:n]:
+                    ahead = (full + [0] * k)[n: n + k]
+                    out[r] = [(t + 1) % model.config.vocab_size if (n + j) % 4 == 1 else t for j, t in enumerate(ahead)]
+        return out
+
+    monkeypatch.setattr(jax_sampler, "prompt_lookup", lambda history, length, k: jax.pure_callback(
+        functools.partial(drafts, k=k), jax.ShapeDtypeStruct((length.shape[0], k), jnp.int32), history, length))
+    jax.clear_caches()  # decode is traced again, with the oracle
+    try:
+        play(JaxSampler(model, config), greedy, oracle=True)
+        play(JaxSampler(model, dataclasses.replace(config, seed=4)), top_one, oracle=True)
+    finally:
+        jax.clear_caches()  # no later test gets the oracle's program

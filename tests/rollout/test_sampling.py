@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from intraskill_jax.rollout.sampling import argmax, categorical, filter_logits, sample_tokens
+from intraskill_jax.rollout.sampling import accept_drafts, argmax, categorical, filter_logits, sample_tokens
 
 
 def np_keep(logits, top_k, top_p):
@@ -82,3 +82,41 @@ def test_samples_over_many_blocks_follow_the_softmax():
     big = probs > 0.01
     np.testing.assert_allclose(freq[big], probs[big], atol=0.012)
     assert abs(freq[~big].sum() - probs[~big].sum()) < 0.015
+
+
+@pytest.mark.parametrize("top_k, top_p, temperature", [(0, 1.0, 1.0), (0, 0.8, 1.2), (3, 1.0, 0.7)])
+def test_a_draft_kept_with_its_probability_else_a_draw_without_it_follows_the_filtered_softmax(top_k, top_p,
+                                                                                             temperature):
+    """Speculative sampling with a one-token draft: every draft (the likeliest, a rare one, one the
+    filter removes) yields tokens distributed as a plain draw, and its log-prob is the plain one."""
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=6).astype(np.float32) * 1.5
+    scaled = logits / temperature
+    keep = np_keep(scaled[None], top_k, top_p)[0]
+    assert keep.sum() > 1  # a rejected draft leaves tokens to draw
+    target = np.where(keep, np.exp(scaled - scaled.max()), 0.0)
+    target /= target.sum()
+    n = 40000
+    rows = np.broadcast_to(logits, (n, 6))
+    for draft in (int(np.argmax(logits)), int(np.argsort(logits)[1]), int(np.argmin(np.where(keep, 9.0, scaled)))):
+        drafts = np.full(n, draft, np.int32)
+        kept, lp = accept_drafts(rows, drafts, jax.random.key(draft), temperature, top_p, top_k)
+        redrawn, _ = sample_tokens(rows, jax.random.key(10 + draft), temperature, top_p, top_k, exclude=drafts)
+        tokens = np.where(np.asarray(kept), draft, np.asarray(redrawn))
+        np.testing.assert_allclose(np.bincount(tokens, minlength=6) / n, target, atol=0.01)
+        assert np.mean(np.asarray(kept)) == pytest.approx(target[draft], abs=0.01)
+        assert not np.any(np.asarray(redrawn)[~np.asarray(kept)] == draft)
+        full = scaled - scaled.max() - np.log(np.exp(scaled - scaled.max()).sum())
+        np.testing.assert_allclose(np.asarray(lp), full[draft], rtol=1e-5, atol=1e-5)
+
+
+def test_a_greedy_draft_is_kept_exactly_where_it_is_the_maximum():
+    logits = np.random.default_rng(5).normal(size=(8, 30)).astype(np.float32)
+    drafts = np.where(np.arange(8) % 2 == 0, logits.argmax(1), (logits.argmax(1) + 1) % 30).astype(np.int32)
+    kept, lp = accept_drafts(logits, drafts, jax.random.key(0), 0.0, 1.0, 0)
+    np.testing.assert_array_equal(kept, np.arange(8) % 2 == 0)
+    ref = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    np.testing.assert_allclose(lp, ref[np.arange(8), drafts], rtol=1e-5, atol=1e-5)
+    # A greedy row ignores `exclude`: its maximum is never the rejected draft.
+    np.testing.assert_array_equal(sample_tokens(logits, jax.random.key(0), 0.0, 1.0, 0, exclude=drafts)[0],
+                                  logits.argmax(1))
