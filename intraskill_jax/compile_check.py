@@ -312,7 +312,11 @@ def sampler_programs(config: runconfig.RunConfig, mc: ModelConfig, mesh: Mesh,
                 _abstract(key.shape, key.dtype, replicated), _abstract((s.max_batch,), jnp.bool_, replicated),
                 scalar(jnp.float32), scalar(jnp.float32),
                 _abstract((max(1, len(mc.eos_token_ids)),), jnp.int32, replicated), scalar(jnp.int32))
-        traced = jax_sampler.decode.trace(graphdef, *args, steps=steps, top_k=sampling.top_k)
+        if s.draft_tokens:  # each row's history to draft from, as `generate` passes it
+            args += (_abstract((s.max_batch, s.max_length + steps), jnp.int32, replicated),
+                     _abstract((s.max_batch,), jnp.int32, replicated))
+        traced = jax_sampler.decode.trace(graphdef, *args, steps=steps, top_k=sampling.top_k,
+                                          halvings=s.decode_halvings, drafts=s.draft_tokens)
         out.append(Program(name="decode", traced=traced, args=args, group=lambda path: groups[min(path[0].idx, 2)],
                            while_trips=steps, runs=runs,
                            knobs=knobs + (f"rollout.sampling.max_new_tokens (now {sampling.max_new_tokens})",)))

@@ -264,20 +264,26 @@ def test_a_tensor_axis_that_splits_the_chip_grid_makes_a_mesh():
 @needs_libtpu
 def test_a_llama_checkpoint_compiles_for_the_slice(tmp_path):
     """policy.path naming a Llama checkpoint: every program compiles on the 4 chips and holds the
-    parameters the rules predict (no q/k norms, untied head)."""
+    parameters the rules predict (no q/k norms, untied head); its sampler's decode with drafted
+    tokens and halvings, as the config sets them."""
     import json
 
     from intraskill_jax.models import hf_config
 
     llama = ModelConfig.tiny_llama(vocab_size=256)
     (tmp_path / "config.json").write_text(json.dumps(hf_config(llama)))
-    config = tiny_config(**{"policy.path": str(tmp_path)})
+    config = tiny_config(**{"policy.path": str(tmp_path), "rollout.sampler.draft_tokens": 3,
+                            "rollout.sampler.decode_halvings": 1})
     report = compile_check.check(config, compile_check.parse_topology("v5p:2x2x1"))
     model_config, source = compile_check.model_config(config)
     assert model_config.family == "llama" and source == f"{tmp_path}/config.json"
     params = predicted_param_bytes(model_config, report.mesh)
     for program in report.programs:
         assert program.fits and program.error is None and program.arguments["params"] == params, program.name
+    decode = next(p for p in report.programs if p.name == "decode")
+    s = config.rollout.sampler
+    history = s.max_batch * (s.max_length + s.decode_steps(config.rollout.sampling.max_new_tokens)) * 4
+    assert decode.arguments["inputs"] >= history  # the rows' histories the drafts are read from
 
 
 @needs_libtpu
