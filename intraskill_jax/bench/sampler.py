@@ -80,8 +80,9 @@ def run(episodes: int = 8, turns: int = 10, new_tokens: int = 32, size: str = "s
     return {
         "config": {"size": size, "kernels": kernels, "episodes": episodes, "turns": turns, "new_tokens": new_tokens,
                    "rounds": rounds, "model_path": str(model_path or ""), "run_config": str(config_path or ""),
-                   "skill": skill, "setting": setting, "temperature": temperature, "threads": os.cpu_count(), "load_average_before": load_before,
-                   "load_average_after": os.getloadavg()[0], "allocator": allocator.active()},
+                   "skill": skill, "setting": setting, "temperature": temperature, "threads": os.cpu_count(),
+                   "load_average_before": load_before, "load_average_after": os.getloadavg()[0],
+                   "allocator": allocator.active()},
         "native_bfloat16": native_bfloat16_products(),
         "rounds": rounds_played,
         "best": best,

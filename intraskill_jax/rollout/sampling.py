@@ -86,8 +86,7 @@ def sample_tokens(logits: jax.Array, key: jax.Array, temperature: jax.Array | fl
     filtered distribution renormalized: the residual of a drafted token just rejected
     (`accept_drafts`). A greedy row's maximum is never that token, so it ignores it.
     """
-    greedy = jnp.asarray(temperature) <= 0
-    scaled = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, temperature)
+    greedy, scaled = _scaled(logits, temperature)
 
     def draw(scaled: jax.Array) -> jax.Array:
         kept = filter_logits(scaled, top_k, top_p)
@@ -97,6 +96,12 @@ def sample_tokens(logits: jax.Array, key: jax.Array, temperature: jax.Array | fl
 
     tokens = jax.lax.cond(greedy, argmax, draw, scaled)
     return tokens, _logprob_of(scaled, tokens)
+
+
+def _scaled(logits: jax.Array, temperature: jax.Array | float) -> tuple[jax.Array, jax.Array]:
+    """(greedy, the float32 logits over the temperature): T <= 0 is greedy, its logits at T = 1."""
+    greedy = jnp.asarray(temperature) <= 0
+    return greedy, logits.astype(jnp.float32) / jnp.where(greedy, 1.0, temperature)
 
 
 def _logprob_of(scaled: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -117,8 +122,7 @@ def accept_drafts(logits: jax.Array, drafts: jax.Array, key: jax.Array, temperat
     is then drawn from the same distribution without it (`sample_tokens(exclude=...)`), so every
     token is distributed as in plain decoding. The log-prob is `sample_tokens`'s, before filtering.
     """
-    greedy = jnp.asarray(temperature) <= 0
-    scaled = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, temperature)
+    greedy, scaled = _scaled(logits, temperature)
 
     def sampled(scaled: jax.Array) -> jax.Array:
         kept = filter_logits(scaled, top_k, top_p)
